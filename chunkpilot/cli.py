@@ -1,0 +1,47 @@
+"""`chunkpilot` console script: one subcommand per part; each imports its part only when run,
+so `chunkpilot --help` and the light parts stay fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from chunkpilot.config import ConfigError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit status 2, no usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # each part's module adds its own arguments and imports torch only inside its `run`
+    from engine import cli as engine_cli
+    from engine import demo
+
+    parser = OneLineParser(prog="chunkpilot", description="Per-request prefill chunk sizes, from measurements.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    for name, module in (("prefill", engine_cli), ("demo", demo)):
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_args(command)
+        command.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        print(f"chunkpilot {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"chunkpilot {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

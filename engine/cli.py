@@ -1,0 +1,124 @@
+"""`chunkpilot prefill`: one prompt through the engine, its TTFT breakdown as a table or JSON.
+
+Numbers arrive as strings and are checked here, so a bad value gets the field's name and range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from chunkpilot.config import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, check_int
+
+HELP = "run one prompt through the engine and print its TTFT breakdown"
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="mistral-44m", help="preset, checkpoint folder or JSON/YAML shape file")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--threads", help="torch threads (default: every core)")
+    parser.add_argument("--attn", default="sdpa", choices=ATTN_IMPLS, help="attention kernel")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--seed", default="0", help="seed of random weights (presets and shape files)")
+
+
+def add_attention_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--window", help="sliding window in tokens, or 'none' (default: the model's own)")
+    parser.add_argument("--kv-layout", default="shift", choices=LAYOUTS)
+    parser.add_argument("--sinks", default="0", help="first tokens every query sees besides the window")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    add_engine_args(parser)
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="prompt text")
+    prompt.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
+    parser.add_argument("--context-length", help="prompt length in tokens: synthetic text, or a cap on a given text")
+    parser.add_argument("--chunk-size", default="rule", help="a positive integer, 'full' (one shot) or 'rule'")
+    add_attention_args(parser)
+    parser.add_argument("--repeats", default="3", help="measured repeats after one warm-up")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def engine_config(args: argparse.Namespace):
+    from .engine import EngineConfig
+
+    threads = None if args.threads is None else check_int("threads", args.threads, 1, 1024)
+    return EngineConfig(args.model, args.dtype, threads, args.attn, args.device, check_int("seed", args.seed, 0))
+
+
+def attention_config(args: argparse.Namespace, model_window: int | None) -> AttentionConfig:
+    if args.window is None:
+        window = model_window
+    elif args.window == "none":
+        window = None
+    else:
+        window = check_int("window", args.window, 1)
+    sinks = check_int("sinks", args.sinks, 0)
+    return AttentionConfig(window=window, layout=args.kv_layout, sinks=sinks)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .engine import Engine, Prompt
+    from .policy import parse_policy
+
+    policy = parse_policy(args.chunk_size)
+    repeats = check_int("repeats", args.repeats, 1, 1000)
+    config = engine_config(args)
+    if args.prompt_file is not None:
+        try:
+            text = args.prompt_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("prompt_file", f"cannot read {args.prompt_file}: {exc}") from None
+    else:
+        text = args.prompt
+    if text is None and args.context_length is None:
+        raise ConfigError("context_length", "give --context-length N, --prompt TEXT or --prompt-file FILE")
+    num_tokens = None if args.context_length is None else check_int("context_length", args.context_length, 1)
+    engine = Engine(config)
+    attention = attention_config(args, engine.shape.window)
+    measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats)
+    report = {
+        "config": {
+            "model": args.model,
+            "family": engine.shape.family,
+            "parameters": engine.loaded.parameters,
+            "shape": engine.shape.to_dict(),
+            "attention": {"window": attention.window, "layout": attention.layout, "sinks": attention.sinks},
+            "dtype": config.dtype,
+            "attn_impl": config.attn_impl,
+            "policy": args.chunk_size,
+        },
+        "runtime": engine.runtime.to_dict(),
+        **measurement.to_dict(),
+    }
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def format_report(report: dict) -> str:
+    cfg, rt, med = report["config"], report["runtime"], report["median"]
+    att = cfg["attention"]
+    window = "none" if att["window"] is None else f"{att['window']} ({att['layout']}, sinks {att['sinks']})"
+    lines = [
+        f"model     {cfg['model']} ({cfg['family']}, {cfg['parameters'] / 1e6:.1f}M params) {cfg['dtype']} "
+        f"attn={cfg['attn_impl']} on {rt['device']}, {rt['threads']} threads",
+        f"window    {window}",
+        f"prompt    {report['context_length']} tokens, chunk {report['chunk_size']} ({report['decision_source']}) "
+        f"-> {report['num_chunks']} chunks",
+        f"memory    KV cache {report['kv_cache_bytes'] / 2**20:.1f} MiB, peak {report['peak_memory_bytes'] / 2**20:.0f} MiB",
+        f"runtime   {rt['allocator']}; torch {rt['torch_version']}, transformers {rt['transformers_version']}",
+        "",
+        f"{'ms':<10}{'tokenize':>10}{'decide':>9}{'prefill':>11}{'decode':>9}{'TTFT':>11}",
+    ]
+    rows = [(f"repeat {i + 1}", r) for i, r in enumerate(report["repeats"])] + [("median", med)]
+    for label, r in rows:
+        lines.append(
+            f"{label:<10}{r['tokenize_ms']:>10.1f}{r['decision_ms']:>9.2f}{r['prefill_ms']:>11.1f}"
+            f"{r['first_decode_ms']:>9.1f}{r['ttft_ms']:>11.1f}"
+        )
+    chunk_ms = report["repeats"][-1]["chunk_ms"]
+    shown = " ".join(f"{ms:.0f}" for ms in chunk_ms[:12]) + (" ..." if len(chunk_ms) > 12 else "")
+    lines.append(f"chunks (last repeat, ms): {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""The engine: a loaded model, its tokenizer and runtime set-up; runs and measures one request."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from chunkpilot.config import ATTN_IMPLS, DTYPES, AttentionConfig, ConfigError, RequestFeatures, check_choice, check_int
+
+from . import runtime
+from .kv_cache import ChunkCache
+from .models import load_model
+from .policy import ChunkPolicy
+from .prefill import clock_ms, decode_one_token, prefill
+from .tokenizer import load_tokenizer, synthetic_text
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "mistral-44m"  # preset, checkpoint folder or shape file
+    dtype: str = "float32"
+    threads: int | None = None  # None: every core
+    attn_impl: str = "sdpa"
+    device: str = "cpu"
+    seed: int = 0  # random weights of presets and shape files
+
+    def __post_init__(self) -> None:
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("attn", self.attn_impl, ATTN_IMPLS)
+        if self.threads is not None:
+            check_int("threads", self.threads, 1, 1024)
+        if self.device != "cpu" and not (self.device.startswith("cuda") and torch.cuda.is_available()):
+            raise ConfigError("device", f"must be cpu{' or cuda' if torch.cuda.is_available() else ''}; got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A text prompt, or synthetic text of `num_tokens` tokens; `num_tokens` also caps a text."""
+
+    text: str | None = None
+    num_tokens: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class TTFTResult:
+    context_length: int
+    chunk_size: int
+    num_chunks: int
+    decision_source: str
+    first_token: int
+    tokenize_ms: float
+    decision_ms: float
+    prefill_ms: float
+    first_decode_ms: float
+    ttft_ms: float
+    chunk_ms: list[float]
+    kv_cache_bytes: int
+    peak_memory_bytes: int
+    first_logits: torch.Tensor = field(repr=False)  # [V], for exactness checks; not serialised
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "first_logits"}
+
+
+TIMING_FIELDS = ("tokenize_ms", "decision_ms", "prefill_ms", "first_decode_ms", "ttft_ms")
+
+
+@dataclass
+class Measurement:
+    """Repeats of one request after a warm-up; medians are per field over the repeats."""
+
+    runs: list[TTFTResult]
+
+    @property
+    def median(self) -> dict[str, float]:
+        return {name: statistics.median(getattr(r, name) for r in self.runs) for name in TIMING_FIELDS}
+
+    def to_dict(self) -> dict:
+        first = self.runs[0]
+        return {
+            "context_length": first.context_length,
+            "chunk_size": first.chunk_size,
+            "num_chunks": first.num_chunks,
+            "decision_source": first.decision_source,
+            "first_token": first.first_token,
+            "kv_cache_bytes": first.kv_cache_bytes,
+            "peak_memory_bytes": max(r.peak_memory_bytes for r in self.runs),
+            "median": self.median,
+            "repeats": [r.to_dict() for r in self.runs],
+        }
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.runtime = runtime.configure(config.threads, config.device)
+        self.device = torch.device(config.device)
+        self.loaded = load_model(config.model, config.dtype, config.seed)
+        self.model = self.loaded.model.to(self.device)
+        self.shape = self.loaded.shape
+        self.tokenizer = load_tokenizer(self.loaded.checkpoint, self.shape.vocab_size)
+
+    def default_attention(self) -> AttentionConfig:
+        """The model's own window (Mistral: every layer; interleaved: the local layers), if any."""
+        return AttentionConfig(window=self.shape.window)
+
+    def prompt_text(self, prompt: Prompt) -> str:
+        """The text to tokenize (made before the clock starts)."""
+        if prompt.text is not None:
+            return prompt.text
+        if prompt.num_tokens is None:
+            raise ConfigError("prompt", "give a text, a file or a context length")
+        return synthetic_text(self.tokenizer, self.check_context(prompt.num_tokens), prompt.seed)
+
+    def check_context(self, n: int) -> int:
+        """A prompt of n tokens plus the first decode step must fit the model's positions."""
+        return check_int("context_length", n, 1, self.shape.max_position - 1)
+
+    def features(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
+        return RequestFeatures(
+            context_length, self.shape, attention, self.config.dtype, self.runtime.threads, self.config.attn_impl
+        )
+
+    @torch.inference_mode()
+    def run(self, text: str, max_tokens: int | None, attention: AttentionConfig, policy: ChunkPolicy) -> TTFTResult:
+        """One request, timed: tokenize, ask the policy, prefill in chunks, first decode step."""
+        runtime.reset_peak_memory(self.device)
+        t0 = clock_ms(self.device)
+        ids = torch.tensor([self.tokenizer.encode(text).ids[:max_tokens]], device=self.device)  # [1, N]
+        t1 = clock_ms(self.device)
+        n = self.check_context(ids.shape[1])
+        decision = policy.choose(self.features(n, attention))
+        chunk = min(decision.chunk_size, n)
+        t2 = clock_ms(self.device)
+        cache = ChunkCache(self.shape.local_layers, attention)
+        logits, chunk_ms = prefill(self.model, cache, ids, chunk, self.config.attn_impl)
+        first = logits.argmax(-1)  # [1]
+        t3 = clock_ms(self.device)
+        decode_one_token(self.model, cache, first, n, self.config.attn_impl)
+        t4 = clock_ms(self.device)
+        return TTFTResult(
+            context_length=n,
+            chunk_size=chunk,
+            num_chunks=len(chunk_ms),
+            decision_source=decision.source,
+            first_token=int(first),
+            tokenize_ms=t1 - t0,
+            decision_ms=t2 - t1,
+            prefill_ms=t3 - t2,
+            first_decode_ms=t4 - t3,
+            ttft_ms=t4 - t0,
+            chunk_ms=chunk_ms,
+            kv_cache_bytes=cache.nbytes,
+            peak_memory_bytes=runtime.peak_memory_bytes(self.device),
+            first_logits=logits[0].float(),
+        )
+
+    def measure(
+        self, prompt: Prompt, attention: AttentionConfig, policy: ChunkPolicy, repeats: int = 3, warmup: int = 1
+    ) -> Measurement:
+        check_int("repeats", repeats, 1, 1000)
+        text = self.prompt_text(prompt)
+        for _ in range(warmup):
+            self.run(text, prompt.num_tokens, attention, policy)
+        return Measurement([self.run(text, prompt.num_tokens, attention, policy) for _ in range(repeats)])

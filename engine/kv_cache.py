@@ -1,0 +1,157 @@
+"""KV layouts for chunked prefill: full, shift window, ring window; attention sinks on both windows.
+
+Every layer records the absolute positions of the keys its last `update` returned
+(`key_positions`), so one mask rule (engine/attention.py) serves every layout, including the ring,
+whose slots are not in position order.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
+
+from chunkpilot.config import AttentionConfig
+
+
+class Sinks:
+    """The first `size` tokens, kept aside so that every query sees them (StreamingLLM)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.count = 0
+        self.keys: torch.Tensor | None = None  # [B, H, count, D]
+        self.values: torch.Tensor | None = None
+
+    def take(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the chunk's tokens that are sinks; return the rest."""
+        n = min(max(self.size - self.count, 0), keys.shape[-2])
+        if n:
+            head_k, head_v = keys[..., :n, :], values[..., :n, :]
+            self.keys = head_k if self.keys is None else torch.cat([self.keys, head_k], dim=-2)
+            self.values = head_v if self.values is None else torch.cat([self.values, head_v], dim=-2)
+            self.count += n
+        return keys[..., n:, :], values[..., n:, :]
+
+    def prepend(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not self.count:
+            return keys, values, positions
+        sink_positions = torch.arange(self.count, device=positions.device)
+        return (
+            torch.cat([self.keys, keys], dim=-2),
+            torch.cat([self.values, values], dim=-2),
+            torch.cat([sink_positions, positions]),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+class FullLayer(DynamicLayer):
+    """transformers' growing layer; its keys are positions 0..n-1."""
+
+    window: int | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sinks = Sinks(0)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states)
+        self.key_positions = torch.arange(keys.shape[-2], device=keys.device)
+        return keys, values
+
+
+class ShiftLayer(DynamicSlidingWindowLayer):
+    """transformers' shift layout (the last window-1 tokens plus the chunk, so any chunk size fits),
+    extended with sinks: tokens before `sinks` go to the sink store, the rest through the window."""
+
+    def __init__(self, window: int, sinks: int) -> None:
+        super().__init__(sliding_window=window)
+        self.window = window
+        self.sinks = Sinks(sinks)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        key_states, value_states = self.sinks.take(key_states, value_states)
+        keys, values = super().update(key_states, value_states)
+        end = self.sinks.size + self.cumulative_length  # window tokens sit at positions >= sinks.size
+        positions = torch.arange(end - keys.shape[-2], end, device=keys.device)
+        keys, values, self.key_positions = self.sinks.prepend(keys, values, positions)
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.sinks.count + self.cumulative_length
+
+
+class RingLayer(CacheLayerMixin):
+    """ExecuTorch's ring: 2*window slots allocated once and written at (position - sinks) % slots, so
+    memory does not grow with the context. Two windows of slots let a chunk of up to `window` tokens
+    be written before it attends without overwriting keys its first query still needs.
+    transformers has no ring (its static sliding layer rolls the whole buffer), hence our own."""
+
+    is_sliding = True
+
+    def __init__(self, window: int, sinks: int) -> None:
+        super().__init__()
+        self.window = window
+        self.slots = 2 * window
+        self.sinks = Sinks(sinks)
+        self.written = 0  # window tokens written so far
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, dim = key_states.shape
+        self.keys = key_states.new_zeros(batch, heads, self.slots, dim)  # [B, H, slots, D]
+        self.values = value_states.new_zeros(batch, heads, self.slots, value_states.shape[-1])
+        self.slot_positions = torch.full((self.slots,), -1, dtype=torch.long, device=key_states.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        key_states, value_states = self.sinks.take(key_states, value_states)
+        n = key_states.shape[-2]
+        if n > self.window:
+            raise ValueError(f"ring layout takes at most window={self.window} tokens per step, got {n}")
+        ordinals = torch.arange(self.written, self.written + n, device=key_states.device)
+        slots = ordinals % self.slots
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        self.slot_positions[slots] = ordinals + self.sinks.size
+        self.written += n
+        filled = min(self.written, self.slots)  # slots fill in order, so the filled ones are a prefix
+        keys, values, self.key_positions = self.sinks.prepend(
+            self.keys[:, :, :filled], self.values[:, :, :filled], self.slot_positions[:filled]
+        )
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.sinks.count + min(self.written + query_length, self.slots), 0
+
+    def get_seq_length(self) -> int:
+        return self.sinks.count + self.written
+
+    def get_max_length(self) -> int:
+        return self.sinks.size + self.slots
+
+
+class ChunkCache(Cache):
+    """One layer per model layer: windowed layers where the shape is local and a window is set."""
+
+    def __init__(self, local_layers: tuple[bool, ...], attention: AttentionConfig) -> None:
+        layout = {"shift": ShiftLayer, "ring": RingLayer}[attention.layout]
+        super().__init__(
+            layers=[
+                layout(attention.window, attention.sinks) if local and attention.window else FullLayer()
+                for local in local_layers
+            ]
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cache now (keys, values and sinks of every layer)."""
+        return sum(
+            (layer.keys.nbytes + layer.values.nbytes if layer.is_initialized else 0) + layer.sinks.nbytes
+            for layer in self.layers
+        )

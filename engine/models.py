@@ -1,0 +1,147 @@
+"""Real transformers causal LMs: presets and shape files (seeded random weights) or local checkpoints."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
+from transformers.utils import logging as hf_logging
+
+from chunkpilot.config import PRESETS, ConfigError, ModelShape
+
+from .attention import ATTN_NAME
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3_text": "gemma3"}
+
+
+@dataclass
+class LoadedModel:
+    name: str  # preset name, checkpoint folder or shape file, as given
+    shape: ModelShape
+    model: PreTrainedModel
+    checkpoint: Path | None  # where a tokenizer may live
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def hf_config(shape: ModelShape) -> PretrainedConfig:
+    """The transformers config of a shape: one place maps our fields onto each family's names."""
+    common = dict(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.resolved_head_dim,
+        max_position_embeddings=shape.max_position,
+    )
+    if shape.family == "llama":
+        return LlamaConfig(**common)
+    if shape.family == "mistral":
+        return MistralConfig(**common, sliding_window=shape.window)
+    if shape.family == "qwen2":
+        windowed = shape.window is not None
+        return Qwen2Config(**common, use_sliding_window=windowed, sliding_window=shape.window, max_window_layers=0)
+    layer_types = ["sliding_attention" if local else "full_attention" for local in shape.local_layers]
+    return Gemma3TextConfig(
+        **common,
+        sliding_window=shape.window or shape.max_position,
+        layer_types=layer_types,
+        query_pre_attn_scalar=shape.resolved_head_dim,
+    )
+
+
+def shape_of(config: PretrainedConfig) -> ModelShape:
+    """Read a checkpoint's config back into a ModelShape (the inverse of `hf_config`)."""
+    family = _MODEL_TYPES.get(config.model_type)
+    if family is None:
+        raise ConfigError("model", f"model_type {config.model_type!r} is not supported; supported: {', '.join(_MODEL_TYPES)}")
+    window = getattr(config, "sliding_window", None)
+    global_every = None
+    if family == "qwen2" and not config.use_sliding_window:
+        window = None
+    if family == "gemma3":
+        full = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"]
+        global_every = full[0] + 1 if full else None
+        if full and full != list(range(full[0], config.num_hidden_layers, full[0] + 1)):
+            raise ConfigError("model", f"gemma3 layer_types must repeat one local/global pattern; got {config.layer_types}")
+        if window is not None and window >= config.max_position_embeddings:
+            window = None  # `hf_config` writes max_position for "no window"
+    return ModelShape(
+        family=family,
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        head_dim=getattr(config, "head_dim", None),
+        max_position=config.max_position_embeddings,
+        window=window,
+        global_every=global_every,
+    )
+
+
+def build_model(shape: ModelShape, seed: int = 0) -> PreTrainedModel:
+    """Random weights, the same for the same shape and seed, without touching the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(hf_config(shape), attn_implementation=ATTN_NAME, dtype=torch.float32)
+
+
+def load_checkpoint(path: Path) -> PreTrainedModel:
+    if not (path / "config.json").is_file():
+        raise ConfigError("model", f"checkpoint folder {path} has no config.json")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a broken folder should give our one line, not transformers' report
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = AutoConfig.from_pretrained(path)
+            shape_of(config)  # refuse unsupported families before reading weights
+            return AutoModelForCausalLM.from_pretrained(path, attn_implementation=ATTN_NAME, dtype=torch.float32)
+    except ConfigError:
+        raise
+    except Exception as exc:  # transformers raises many types for a broken folder
+        raise ConfigError("model", f"cannot load checkpoint {path}: {str(exc).splitlines()[0]}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def load_model(spec: str, dtype: str = "float32", seed: int = 0) -> LoadedModel:
+    """`spec` is a preset name, a checkpoint folder or a JSON/YAML shape file."""
+    path = Path(spec)
+    if spec in PRESETS:
+        shape, checkpoint = PRESETS[spec], None
+        model = build_model(shape, seed)
+    elif path.is_dir():
+        model, checkpoint = load_checkpoint(path), path
+        shape = shape_of(model.config)
+    elif path.is_file():
+        shape, checkpoint = ModelShape.from_file(path), None
+        model = build_model(shape, seed)
+    else:
+        raise ConfigError(
+            "model", f"{spec!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder nor a shape file"
+        )
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    model = model.to(DTYPES[dtype]).eval()
+    model.requires_grad_(False)
+    return LoadedModel(spec, shape, model, checkpoint)

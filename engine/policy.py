@@ -1,0 +1,66 @@
+"""Chunk-size policies: asked once before each prefill. A later `auto` policy (a predictor
+client) plugs in here by implementing `ChunkPolicy.choose`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from chunkpilot.config import ConfigError, RequestFeatures, check_int, hand_rule
+
+
+@dataclass(frozen=True)
+class Decision:
+    chunk_size: int
+    source: str  # fixed, full, rule (later: service, cache, in-process, fallback)
+    latency_ms: float = 0.0
+    model_version: str | None = None
+
+
+class ChunkPolicy(Protocol):
+    name: str
+
+    def choose(self, request: RequestFeatures) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class FixedPolicy:
+    size: int
+    name: str = "fixed"
+
+    def choose(self, request: RequestFeatures) -> Decision:
+        request.attention.check_chunk(self.size)
+        return Decision(self.size, "fixed")
+
+
+@dataclass(frozen=True)
+class FullPolicy:
+    """One shot: the whole prompt in one chunk."""
+
+    name: str = "full"
+
+    def choose(self, request: RequestFeatures) -> Decision:
+        request.attention.check_chunk(request.context_length)
+        return Decision(request.context_length, "full")
+
+
+@dataclass(frozen=True)
+class RulePolicy:
+    """The hand rule, cut to what the config allows, so that it always works as a fallback."""
+
+    name: str = "rule"
+
+    def choose(self, request: RequestFeatures) -> Decision:
+        return Decision(min(hand_rule(request.context_length), request.max_chunk), "rule")
+
+
+def parse_policy(value: str | int) -> ChunkPolicy:
+    """`--chunk-size`: a positive integer, `full` or `rule`."""
+    if value == "full":
+        return FullPolicy()
+    if value == "rule":
+        return RulePolicy()
+    try:
+        return FixedPolicy(check_int("chunk_size", value, 1))
+    except ConfigError:
+        raise ConfigError("chunk_size", f"must be a positive integer, 'full' or 'rule'; got {value!r}") from None

@@ -1,0 +1,53 @@
+"""The prefill loop: the prompt through the model in chunks over a KV cache, then one decode step."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import PreTrainedModel
+
+from .attention import StepMasks
+from .kv_cache import ChunkCache
+from .runtime import synchronize
+
+
+def clock_ms(device: torch.device) -> float:
+    synchronize(device)
+    return time.perf_counter() * 1e3
+
+
+def forward_step(
+    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, start: int, kernel: str
+) -> torch.Tensor:
+    """`ids` [1, C] at positions start..start+C-1 -> logits of the last position [1, V]."""
+    positions = torch.arange(start, start + ids.shape[1], device=ids.device)  # [C]
+    step = StepMasks(positions, cache.layers, kernel, model.dtype)
+    out = model(
+        input_ids=ids,
+        position_ids=positions[None],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,  # the prefill needs only the last position's logits
+        chunk_step=step,
+    )
+    return out.logits[:, -1]
+
+
+def prefill(
+    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, chunk_size: int, kernel: str
+) -> tuple[torch.Tensor, list[float]]:
+    """The prompt `ids` [1, N] in chunks -> (logits of position N-1 [1, V], each chunk's ms)."""
+    chunk_ms = []
+    for start in range(0, ids.shape[1], chunk_size):
+        t0 = clock_ms(ids.device)
+        logits = forward_step(model, cache, ids[:, start : start + chunk_size], start, kernel)
+        chunk_ms.append(clock_ms(ids.device) - t0)
+    return logits, chunk_ms
+
+
+def decode_one_token(
+    model: PreTrainedModel, cache: ChunkCache, token: torch.Tensor, position: int, kernel: str
+) -> torch.Tensor:
+    """The first decode step: the first generated token [1] at `position` -> next logits [1, V]."""
+    return forward_step(model, cache, token.view(1, 1), position, kernel)

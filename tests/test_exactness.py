@@ -1,0 +1,111 @@
+"""Chunked prefill + first decode step equals one reference forward, for every preset, layout,
+sinks setting and chunk size (1, a non-divisor, = window, > window, one-shot)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chunkpilot.config import PRESETS, AttentionConfig, ConfigError
+from engine.kv_cache import ChunkCache
+from engine.prefill import decode_one_token, prefill
+from reference import reference_logits
+
+N, W, S = 64, 16, 4  # context, window, sinks: the ring (2W slots) wraps twice
+ATTENTION = {
+    "full": AttentionConfig(),
+    "shift": AttentionConfig(window=W),
+    "shift+sinks": AttentionConfig(window=W, sinks=S),
+    "ring": AttentionConfig(window=W, layout="ring"),
+    "ring+sinks": AttentionConfig(window=W, layout="ring", sinks=S),
+}
+CHUNKS = [1, 7, W, W + 8, N]  # 7 does not divide 64; W + 8 > W (shift only); N is one shot
+
+
+def chunked(engine, ids, attention, chunk, kernel):
+    """The engine's path: prefill in chunks, argmax, one decode step -> (prefill logits, decode logits)."""
+    cache = ChunkCache(engine.shape.local_layers, attention)
+    with torch.inference_mode():
+        logits, _ = prefill(engine.model, cache, ids, chunk, kernel)
+        first = logits.argmax(-1)
+        decoded = decode_one_token(engine.model, cache, first, ids.shape[1], kernel)
+    return logits[0].float(), decoded[0].float(), first
+
+
+def check(engine, attention, chunk, kernel, n=N, atol=1e-4):
+    ids = torch.randint(0, engine.shape.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    got, got_next, first = chunked(engine, ids, attention, chunk, kernel)
+    ref = reference_logits(engine.model, engine.shape, torch.cat([ids, first[None]], 1), attention.window, attention.sinks, kernel)
+    for mine, theirs in ((got, ref[n - 1]), (got_next, ref[n])):
+        torch.testing.assert_close(mine, theirs, atol=atol, rtol=0)
+        assert_same_choice(mine, theirs, atol)
+
+
+def assert_same_choice(got: torch.Tensor, ref: torch.Tensor, atol: float) -> None:
+    """Same argmax; where the reference's top two are closer than the tolerance (random weights
+    make near-ties common in bf16), the engine's pick must be one of those tied tokens."""
+    top = ref.topk(2).values
+    if top[0] - top[1] > 2 * atol:
+        assert got.argmax() == ref.argmax()
+    else:
+        assert ref[got.argmax()] >= top[0] - 2 * atol
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("attn_name", list(ATTENTION))
+def test_chunked_prefill_matches_one_forward_fp32(engines, preset, attn_name):
+    engine, attention = engines(preset), ATTENTION[attn_name]
+    for chunk in CHUNKS:
+        if attention.layout == "ring" and chunk > W:
+            with pytest.raises(ConfigError, match="chunk_size"):
+                attention.check_chunk(chunk)
+            continue
+        check(engine, attention, chunk, "sdpa")
+
+
+@pytest.mark.parametrize("preset", ["mistral-44m", "gemma3-interleaved"])
+@pytest.mark.parametrize("attn_name", ["full", "shift+sinks", "ring"])
+def test_eager_kernel_matches_too(engines, preset, attn_name):
+    for chunk in (7, W):
+        check(engines(preset), ATTENTION[attn_name], chunk, "eager")
+
+
+BF16_ATOL = 0.05  # bf16 keeps 8 bits of mantissa; different chunkings round differently
+
+
+@pytest.mark.parametrize("preset", ["mistral-44m", "qwen2-gqa", "gemma3-interleaved"])
+@pytest.mark.parametrize("attn_name", ["full", "shift+sinks", "ring+sinks"])
+def test_bf16_same_argmax_within_tolerance(engines, preset, attn_name):
+    for chunk in (7, W):
+        check(engines(preset, "bfloat16"), ATTENTION[attn_name], chunk, "sdpa", atol=BF16_ATOL)
+
+
+def test_ring_memory_does_not_grow_with_context(engines):
+    engine = engines("llama-tiny")
+    sizes = {}
+    for n in (2 * W + 1, 8 * W, 32 * W):
+        cache = ChunkCache(engine.shape.local_layers, ATTENTION["ring+sinks"])
+        with torch.inference_mode():
+            prefill(engine.model, cache, torch.zeros(1, n, dtype=torch.long), W, "sdpa")
+        sizes[n] = cache.nbytes
+    assert len(set(sizes.values())) == 1, sizes
+    full = ChunkCache(engine.shape.local_layers, ATTENTION["full"])
+    with torch.inference_mode():
+        prefill(engine.model, full, torch.zeros(1, 8 * W, dtype=torch.long), W, "sdpa")
+    assert full.nbytes > sizes[8 * W]  # while the full layout grows with the context
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 80),
+    window=st.integers(1, 40),
+    sinks=st.integers(0, 6),
+    layout=st.sampled_from(["shift", "ring"]),
+    data=st.data(),
+)
+def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, data):
+    max_chunk = min(n, window) if layout == "ring" else n
+    chunk = data.draw(st.integers(1, max_chunk), label="chunk")
+    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), chunk, "sdpa", n=n)
