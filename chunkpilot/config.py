@@ -59,7 +59,7 @@ class ModelShape:
     num_kv_heads: int
     intermediate_size: int
     vocab_size: int
-    head_dim: int | None = None  # None: hidden_size // num_heads
+    head_dim: int | None = None  # None: hidden_size // num_heads (set on creation)
     max_position: int = 32768
     window: int | None = None  # the model's own sliding window (default for the engine)
     global_every: int | None = None  # interleaved: every k-th layer is global, the rest local
@@ -71,16 +71,14 @@ class ModelShape:
         for name, low in lows.items():
             if getattr(self, name) is not None:  # normalise "8" from a shape file to 8
                 object.__setattr__(self, name, check_int(name, getattr(self, name), low))
-        if self.head_dim is None and self.hidden_size % self.num_heads:
-            raise ConfigError("hidden_size", f"must be a multiple of num_heads ({self.num_heads}) unless head_dim is set")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ConfigError("hidden_size", f"must be a multiple of num_heads ({self.num_heads}) unless head_dim is set")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError("num_kv_heads", f"must divide num_heads ({self.num_heads}); got {self.num_kv_heads}")
         if self.global_every is not None:
             check_int("global_every", self.global_every, 1, self.num_layers)
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
 
     @property
     def local_layers(self) -> tuple[bool, ...]:

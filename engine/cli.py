@@ -21,6 +21,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attn", default="sdpa", choices=ATTN_IMPLS, help="attention kernel")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", default="0", help="seed of random weights (presets and shape files)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (the warm-up compiles)")
 
 
 def add_attention_args(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +46,8 @@ def engine_config(args: argparse.Namespace):
     from .engine import EngineConfig
 
     threads = None if args.threads is None else check_int("threads", args.threads, 1, 1024)
-    return EngineConfig(args.model, args.dtype, threads, args.attn, args.device, check_int("seed", args.seed, 0))
+    seed = check_int("seed", args.seed, 0)
+    return EngineConfig(args.model, args.dtype, threads, args.attn, args.device, seed, args.compile)
 
 
 def attention_config(args: argparse.Namespace, model_window: int | None) -> AttentionConfig:
@@ -60,22 +62,16 @@ def attention_config(args: argparse.Namespace, model_window: int | None) -> Atte
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engine import Engine, Prompt
-    from .policy import parse_policy
+    from .policy import parse_policy  # light: check what needs no model before loading torch
 
     policy = parse_policy(args.chunk_size)
     repeats = check_int("repeats", args.repeats, 1, 1000)
-    config = engine_config(args)
-    if args.prompt_file is not None:
-        try:
-            text = args.prompt_file.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("prompt_file", f"cannot read {args.prompt_file}: {exc}") from None
-    else:
-        text = args.prompt
-    if text is None and args.context_length is None:
-        raise ConfigError("context_length", "give --context-length N, --prompt TEXT or --prompt-file FILE")
+    text = read_prompt(args)
     num_tokens = None if args.context_length is None else check_int("context_length", args.context_length, 1)
+
+    from .engine import Engine, Prompt
+
+    config = engine_config(args)
     engine = Engine(config)
     attention = attention_config(args, engine.shape.window)
     measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats)
@@ -88,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             "attention": {"window": attention.window, "layout": attention.layout, "sinks": attention.sinks},
             "dtype": config.dtype,
             "attn_impl": config.attn_impl,
+            "compile": config.compile,
             "policy": args.chunk_size,
         },
         "runtime": engine.runtime.to_dict(),
@@ -95,6 +92,17 @@ def run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(report) if args.json else format_report(report))
     return 0
+
+
+def read_prompt(args: argparse.Namespace) -> str | None:
+    if args.prompt_file is not None:
+        try:
+            return args.prompt_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("prompt_file", f"cannot read {args.prompt_file}: {exc}") from None
+    if args.prompt is None and args.context_length is None:
+        raise ConfigError("context_length", "give --context-length N, --prompt TEXT or --prompt-file FILE")
+    return args.prompt
 
 
 def format_report(report: dict) -> str:

@@ -25,6 +25,7 @@ class EngineConfig:
     attn_impl: str = "sdpa"
     device: str = "cpu"
     seed: int = 0  # random weights of presets and shape files
+    compile: bool = False  # torch.compile(dynamic=True) of the model's forward; the warm-up compiles
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)
@@ -100,6 +101,8 @@ class Engine:
         self.device = torch.device(config.device)
         self.loaded = load_model(config.model, config.dtype, config.seed)
         self.model = self.loaded.model.to(self.device)
+        if config.compile:
+            self.model.forward = torch.compile(self.model.forward, dynamic=True)
         self.shape = self.loaded.shape
         self.tokenizer = load_tokenizer(self.loaded.checkpoint, self.shape.vocab_size)
 

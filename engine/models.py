@@ -48,7 +48,7 @@ def hf_config(shape: ModelShape) -> PretrainedConfig:
         num_hidden_layers=shape.num_layers,
         num_attention_heads=shape.num_heads,
         num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.resolved_head_dim,
+        head_dim=shape.head_dim,
         max_position_embeddings=shape.max_position,
     )
     if shape.family == "llama":
@@ -63,7 +63,7 @@ def hf_config(shape: ModelShape) -> PretrainedConfig:
         **common,
         sliding_window=shape.window or shape.max_position,
         layer_types=layer_types,
-        query_pre_attn_scalar=shape.resolved_head_dim,
+        query_pre_attn_scalar=shape.head_dim,
     )
 
 

@@ -39,6 +39,8 @@ _configured: RuntimeInfo | None = None
 
 
 def _pin_glibc_heap() -> str:
+    if os.environ.get("CHUNKPILOT_MALLOC") == "default":  # for measuring what the set-up buys
+        return "glibc defaults (CHUNKPILOT_MALLOC=default)"
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:

@@ -1,0 +1,147 @@
+"""`chunkpilot prefill`: JSON for every kind of model source, and one-line errors (exit 2) for bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from chunkpilot.cli import main
+from chunkpilot.config import PRESETS
+from engine.models import load_model
+from engine.tokenizer import trained_tokenizer
+
+SMALL = ["--context-length", "64", "--chunk-size", "16", "--repeats", "1", "--threads", "2"]
+
+
+def prefill_json(capsys, *args: str) -> dict:
+    assert main(["prefill", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_json_for_every_preset(capsys, preset):
+    report = prefill_json(capsys, "--model", preset, *SMALL)
+    assert report["config"]["shape"] == PRESETS[preset].to_dict()
+    assert (report["context_length"], report["chunk_size"], report["num_chunks"]) == (64, 16, 4)
+    run = report["repeats"][0]
+    assert len(run["chunk_ms"]) == 4 and math.isclose(sum(run["chunk_ms"]), run["prefill_ms"], rel_tol=0.05)
+    parts = run["tokenize_ms"] + run["decision_ms"] + run["prefill_ms"] + run["first_decode_ms"]
+    assert parts <= run["ttft_ms"] and run["kv_cache_bytes"] > 0 and run["peak_memory_bytes"] > 0
+    assert report["runtime"]["allocator"].startswith("glibc mallopt")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A checkpoint folder as users bring one: save_pretrained + the tokenizer, then loaded back."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    loaded = load_model("llama-tiny")
+    loaded.model.save_pretrained(folder)
+    trained_tokenizer(PRESETS["llama-tiny"].vocab_size).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_checkpoint_folder_gives_the_same_model(capsys, checkpoint):
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
+    from_ckpt = prefill_json(capsys, "--model", str(checkpoint), *SMALL)
+    from_preset = prefill_json(capsys, "--model", "llama-tiny", *SMALL)
+    assert from_ckpt["config"]["shape"] == from_preset["config"]["shape"]
+    assert from_ckpt["first_token"] == from_preset["first_token"]
+
+
+def test_shape_file_sets_family_and_shape(capsys, tmp_path):
+    shape = tmp_path / "my-model.yaml"
+    shape.write_text(
+        "family: qwen2\nnum_layers: 3\nhidden_size: 192\nnum_heads: 6\nnum_kv_heads: 2\n"
+        "intermediate_size: 512\nvocab_size: 2048\nwindow: 32\n"
+    )
+    report = prefill_json(capsys, "--model", str(shape), *SMALL)
+    assert report["config"]["shape"]["num_kv_heads"] == 2 and report["config"]["attention"]["window"] == 32
+    as_json = tmp_path / "my-model.json"
+    as_json.write_text(json.dumps({**report["config"]["shape"], "window": None}))
+    assert prefill_json(capsys, "--model", str(as_json), *SMALL)["config"]["attention"]["window"] is None
+
+
+def test_prompt_text_and_file(capsys, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Chunked prefill splits a long prompt into pieces. " * 20)
+    from_file = prefill_json(capsys, "--model", "llama-tiny", "--prompt-file", str(prompt), "--repeats", "1")
+    from_text = prefill_json(capsys, "--model", "llama-tiny", "--prompt", prompt.read_text(), "--repeats", "1")
+    assert from_file["context_length"] == from_text["context_length"] > 100
+    assert from_file["first_token"] == from_text["first_token"]
+    capped = prefill_json(capsys, "--model", "llama-tiny", "--prompt-file", str(prompt), "--context-length", "50", "--repeats", "1")
+    assert capped["context_length"] == 50
+
+
+def broken_folder(tmp_path, config_text: str | None):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    if config_text is not None:
+        (folder / "config.json").write_text(config_text)
+    return str(folder)
+
+
+BAD = {
+    "chunk 0": (["--chunk-size", "0"], "chunk_size"),
+    "chunk text": (["--chunk-size", "lots"], "chunk_size"),
+    "window 0": (["--window", "0"], "window"),
+    "window text": (["--window", "wide"], "window"),
+    "ring chunk > window": (["--window", "32", "--kv-layout", "ring", "--chunk-size", "64"], "chunk_size"),
+    "ring full > window": (["--window", "32", "--kv-layout", "ring", "--chunk-size", "full"], "chunk_size"),
+    "sinks without window": (["--sinks", "4"], "sinks"),
+    "context too long": (["--context-length", "40000"], "context_length"),
+    "context text": (["--context-length", "4k"], "context_length"),
+    "threads text": (["--threads", "two"], "threads"),
+    "repeats 0": (["--repeats", "0"], "repeats"),
+    "unknown preset": (["--model", "llama-7b"], "model"),
+    "missing folder": (["--model", "/no/such/checkpoint"], "model"),
+    "bad dtype": (["--dtype", "float8"], "--dtype"),
+}
+
+
+def exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own checks (choices) exit directly
+        return exc.code
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_and_exit_2(capsys, case):
+    args, field = BAD[case]
+    argv = ["prefill", "--model", "llama-tiny", "--context-length", "100", "--chunk-size", "16", "--repeats", "1", *args]
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and field in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("config_text", [None, "{not json", '{"model_type": "llama", "vocab_size": 64}', '{"model_type": "bert"}'])
+def test_broken_checkpoint_folder(capsys, tmp_path, config_text):
+    assert exit_code(["prefill", "--model", broken_folder(tmp_path, config_text), "--context-length", "8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "model:" in err, err
+
+
+def test_console_script_in_a_fresh_process():
+    """The installed entry point: one JSON line on stdout; a bad value is one line on stderr."""
+    ok = subprocess.run(
+        [sys.executable, "-m", "chunkpilot.cli", "prefill", "--model", "llama-tiny", *SMALL, "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    assert json.loads(ok.stdout)["num_chunks"] == 4
+    bad = subprocess.run(
+        [sys.executable, "-m", "chunkpilot.cli", "prefill", "--chunk-size", "-3", "--context-length", "10"],
+        capture_output=True, text=True,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunk_size" in bad.stderr
+
+
+def test_demo_prints_one_row_per_length_attention_and_policy(capsys):
+    assert main(["demo", "--model", "llama-tiny", "--lengths", "64,200", "--window", "32", "--repeats", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [(r[0], r[-7]) for r in rows] == [(n, p) for n in ("64", "200") for p in ("full", "rule") * 2]
+    assert all(float(r[-1]) >= float(r[-3]) > 0 for r in rows)  # TTFT >= prefill

@@ -1,0 +1,102 @@
+"""The shared light types and the chunk-size policies: validation messages and the hand rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from chunkpilot.config import PRESETS, AttentionConfig, ConfigError, ModelShape, RequestFeatures, hand_rule
+from engine.policy import FixedPolicy, FullPolicy, RulePolicy, parse_policy
+
+
+@pytest.mark.parametrize(
+    ("tokens", "chunk"),
+    [(1, 512), (512, 512), (513, 1024), (1536, 1024), (1537, 768), (2048, 1024), (3000, 768), (4096, 1024), (5000, 768)],
+)
+def test_hand_rule_of_the_write_up(tokens, chunk):
+    assert hand_rule(tokens) == chunk
+
+
+def request(n: int, attention: AttentionConfig) -> RequestFeatures:
+    return RequestFeatures(n, PRESETS["mistral-44m"], attention)
+
+
+def test_rule_is_always_feasible_so_it_can_be_the_fallback():
+    assert RulePolicy().choose(request(3000, AttentionConfig(window=256, layout="ring"))).chunk_size == 256
+    assert RulePolicy().choose(request(300, AttentionConfig())).chunk_size == 300
+    assert RulePolicy().choose(request(3000, AttentionConfig(window=256))).chunk_size == 768  # shift takes any
+
+
+def test_fixed_and_full_respect_the_ring_rule():
+    ring = AttentionConfig(window=512, layout="ring")
+    assert FixedPolicy(512).choose(request(4096, ring)).chunk_size == 512
+    with pytest.raises(ConfigError, match="chunk_size: ring layout needs chunk_size <= window"):
+        FixedPolicy(513).choose(request(4096, ring))
+    with pytest.raises(ConfigError, match="chunk_size"):
+        FullPolicy().choose(request(4096, ring))
+    assert FullPolicy().choose(request(500, ring)).chunk_size == 500
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "auto?", "", "True"])
+def test_parse_policy_rejects(value):
+    with pytest.raises(ConfigError, match="chunk_size: must be a positive integer, 'full' or 'rule'"):
+        parse_policy(value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        (dict(window=0), "window"),
+        (dict(sinks=2), "sinks"),
+        (dict(layout="ring"), "kv_layout"),
+        (dict(window=8, layout="circle"), "kv_layout"),
+        (dict(window=8, sinks=-1), "sinks"),
+    ],
+)
+def test_attention_config_names_the_field(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        AttentionConfig(**kwargs)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (dict(family="gpt2"), "family"),
+        (dict(num_kv_heads=3), "num_kv_heads"),
+        (dict(hidden_size=250, head_dim=None), "hidden_size"),
+        (dict(num_layers="eight"), "num_layers"),
+        (dict(window=0), "window"),
+        (dict(global_every=13), "global_every"),
+    ],
+)
+def test_model_shape_names_the_field(change, field):
+    with pytest.raises(ConfigError) as err:
+        ModelShape(**{**PRESETS["gemma3-interleaved"].to_dict(), **change})
+    assert err.value.field == field
+
+
+def test_shape_file_fields(tmp_path):
+    path = tmp_path / "shape.json"
+    path.write_text('{"family": "llama", "num_layers": 2}')
+    with pytest.raises(ConfigError, match="hidden_size: is required"):
+        ModelShape.from_file(path)
+    path.write_text('{"family": "llama", "layers": 2}')
+    with pytest.raises(ConfigError, match="layers: unknown shape field"):
+        ModelShape.from_file(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="model: shape file .* must hold a mapping"):
+        ModelShape.from_file(path)
+
+
+def test_interleaved_local_layers():
+    assert PRESETS["gemma3-interleaved"].local_layers == (True,) * 5 + (False,) + (True,) * 5 + (False,)
+    assert all(PRESETS["mistral-44m"].local_layers)
+
+
+def test_shared_types_import_neither_torch_nor_transformers():
+    code = "import sys, chunkpilot.config, engine.policy; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
