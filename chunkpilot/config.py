@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
-        self.field = field
+        self.field, self.message = field, message
 
 
 def check_int(field: str, value: Any, low: int, high: int | None = None) -> int:
@@ -173,7 +173,9 @@ class RequestFeatures:
 
     @property
     def max_chunk(self) -> int:
-        """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
-        if self.attention.layout == "ring" and self.attention.window is not None:
-            return min(self.context_length, self.attention.window)
-        return self.context_length
+        return max_chunk(self.context_length, self.attention.window, self.attention.layout)
+
+
+def max_chunk(context_length: int, window: int | None, layout: str) -> int:
+    """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
+    return min(context_length, window) if layout == "ring" and window else context_length

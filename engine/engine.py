@@ -97,7 +97,7 @@ class Measurement:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.runtime = runtime.configure(config.threads, config.device)
+        runtime.configure(config.threads, config.device)
         self.device = torch.device(config.device)
         self.loaded = load_model(config.model, config.dtype, config.seed)
         self.model = self.loaded.model.to(self.device)
@@ -105,6 +105,10 @@ class Engine:
             self.model.forward = torch.compile(self.model.forward, dynamic=True)
         self.shape = self.loaded.shape
         self.tokenizer = load_tokenizer(self.loaded.checkpoint, self.shape.vocab_size)
+
+    @property
+    def runtime(self) -> runtime.RuntimeInfo:
+        return runtime.current()  # a profiling worker changes threads between configs
 
     def default_attention(self) -> AttentionConfig:
         """The model's own window (Mistral: every layer; interleaved: the local layers), if any."""

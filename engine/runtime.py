@@ -75,6 +75,13 @@ def configure(threads: int | None = None, device: str = "cpu") -> RuntimeInfo:
     return _configured
 
 
+def current() -> RuntimeInfo:
+    """The set-up in force (after `configure`)."""
+    if _configured is None:
+        raise RuntimeError("engine.runtime.configure() has not run in this process")
+    return _configured
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work so a clock read means what it says."""
     if device.type == "cuda":

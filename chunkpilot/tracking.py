@@ -1,0 +1,46 @@
+"""The project's MLflow defaults: a SQLite store with artifacts under ./mlruns, unless
+MLFLOW_TRACKING_URI says otherwise (a real `mlflow server`, say). mlflow is imported lazily:
+it costs seconds."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+MLRUNS = Path("mlruns")
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(MLRUNS / 'mlflow.db').resolve()}"
+
+
+@contextmanager
+def quiet_mlflow() -> Iterator[None]:
+    """mlflow 3.17 warns from inside its own code under pandas 3 and SQLAlchemy 2 (deprecations
+    only it can fix, and a schema hint about integer columns): nothing a caller can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="mlflow")
+        warnings.filterwarnings("ignore", module="pandas")  # raised on mlflow's behalf
+        yield
+
+
+def use_experiment(name: str) -> str:
+    """Point mlflow at the store and select (creating if needed) the experiment; returns its id."""
+    import mlflow
+
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        MLRUNS.mkdir(exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    elif uri.startswith("sqlite:"):  # the default store keeps artifacts beside it, under mlruns/
+        experiment_id = mlflow.create_experiment(name, artifact_location=(MLRUNS / "artifacts" / name).resolve().as_uri())
+    else:  # a tracking server decides where artifacts go
+        experiment_id = mlflow.create_experiment(name)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id

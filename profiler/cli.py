@@ -1,0 +1,62 @@
+"""`chunkpilot profile`: sweep a spec through the engine into data/ttft/, or check that finished
+configs reproduce in a fresh process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from chunkpilot.config import ConfigError, check_int
+
+HELP = "measure TTFT for every chunk size over a spec's configs (resumable)"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", type=Path, required=True, help="YAML spec (see data/specs/)")
+    parser.add_argument("--out", type=Path, default=Path("data/ttft"), help="dataset root (default data/ttft)")
+    parser.add_argument("--budget-minutes", help="space-filling subset that fits this many minutes")
+    parser.add_argument("--resume", action="store_true", help="skip finished configs (a plain rerun does too)")
+    parser.add_argument("--check-repro", action="store_true", help="re-measure a sample of finished configs in a fresh process")
+    parser.add_argument("--sample", default="10", help="configs re-measured by --check-repro")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .spec import Spec
+
+    spec = Spec.from_file(args.spec)
+    budget = None
+    if args.budget_minutes is not None:
+        try:
+            budget = float(args.budget_minutes)
+        except ValueError:
+            budget = -1.0
+        if not 0 < budget <= 7 * 24 * 60:
+            raise ConfigError("budget_minutes", f"must be a number of minutes in (0, 10080]; got {args.budget_minutes!r}")
+    if args.check_repro:
+        from .repro import check_reproducibility, format_repro
+
+        result = check_reproducibility(spec, args.out, check_int("sample", args.sample, 1, 10_000))
+        print(format_repro(result))
+        return 0
+
+    from .run import log_run, run_profile
+    from .store import read_dataset
+    from .summary import format_summary, summarize
+
+    report = run_profile(spec, args.out, budget)
+    if not report.measured and not report.already_done:
+        print("nothing measured yet", file=sys.stderr)
+        return 130 if report.interrupted else 0
+    dataset = read_dataset(args.out / spec.name)
+    print(format_summary(summarize(dataset)))
+    print(f"{len(report.measured)} configs measured in {report.seconds / 60:.1f} min, {report.already_done} were done, "
+          f"{report.over_budget} left out by the budget; dataset: {len(dataset)} rows in {args.out / spec.name}")
+    if not args.no_mlflow:
+        run_id = log_run(spec, args.out, report, dataset, budget)
+        print(f"logged to MLflow experiment 'profiling', run {run_id}")
+    if report.interrupted:
+        print("interrupted: finished configs are saved; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,117 @@
+"""A profiling run: plan the configs still to do, measure them in a worker, write each as soon as
+it is finished, show progress, then summarise and log the run to MLflow."""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .plan import TimeModel, cost_units, known_shape, space_filling_order
+from .spec import ProfileConfig, Spec
+from .store import finished_keys, read_dataset, write_config
+from .worker import Worker
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def describe(config: ProfileConfig) -> str:
+    window = "none" if config.window is None else f"{config.window}{config.layout[0]}"
+    return (f"{Path(config.model).stem} n={config.context_length} w={window} s={config.sinks} "
+            f"{config.dtype} t{config.threads} {config.attn_impl}")
+
+
+@dataclass
+class RunReport:
+    measured: list[str] = field(default_factory=list)  # config keys finished by this run
+    already_done: int = 0
+    over_budget: int = 0
+    skipped_candidates: collections.Counter = field(default_factory=collections.Counter)
+    seconds: float = 0.0
+    interrupted: bool = False
+
+
+def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> RunReport:
+    directory = out / spec.name
+    report = RunReport()
+    done = finished_keys(directory)
+    shapes = {m: known_shape(m) for m in dict.fromkeys(c.model for c in spec.configs)}
+    plan: list[ProfileConfig] = []
+    chunks: dict[ProfileConfig, list[int]] = {}
+    for config in space_filling_order(list(spec.configs)):
+        chunks[config], reasons = config.candidates(spec.chunk_sizes)
+        report.skipped_candidates.update(r.split(": ", 1)[1].split(" (")[0] for r in reasons)
+        if config.key in done:
+            report.already_done += 1
+        else:
+            plan.append(config)
+    passes = spec.warmup + spec.repeats
+    units = {c: cost_units(c, shapes[c.model], chunks[c], passes) for c in plan}
+    times = TimeModel()
+    start = time.monotonic()
+    deadline = None if budget_minutes is None else start + 60 * budget_minutes
+    print(f"profile {spec.name}: {len(spec.configs)} configs, {report.already_done} already done, "
+          f"{len(plan)} to measure -> {directory}", file=sys.stderr)
+    if report.skipped_candidates:
+        reasons = ", ".join(f"{n} {why}" for why, n in report.skipped_candidates.items())
+        print(f"infeasible chunk sizes skipped: {reasons}", file=sys.stderr)
+    with Worker(spec, out.parent / "hardware") as worker:
+        try:
+            for i, config in enumerate(plan):
+                if deadline is not None and time.monotonic() + times.seconds(config, units[config]) > deadline:
+                    report.over_budget += 1  # a cheaper config later in the plan may still fit
+                    continue
+                t0 = time.monotonic()
+                rows = worker.measure(config)
+                write_config(directory, config.key, rows)
+                seconds = time.monotonic() - t0
+                times.learn(config, units[config], seconds)
+                report.measured.append(config.key)
+                elapsed = time.monotonic() - start
+                remaining = sum(times.seconds(c, units[c]) for c in plan[i + 1:])
+                if deadline is not None:
+                    remaining = min(remaining, max(deadline - time.monotonic(), 0))
+                best = rows.loc[rows.ttft_ms.idxmin()]
+                print(f"[{i + 1:>4}/{len(plan)} {100 * (i + 1) / len(plan):3.0f}%] {_clock(elapsed)} elapsed, "
+                      f"ETA {_clock(remaining)} | {describe(config)}: best {best.chunk_size} of {len(rows)} "
+                      f"({best.ttft_ms:.1f} ms, cv {statistics.median(rows.ttft_cv):.0%})"
+                      + (" NOISY" if rows.noisy.iloc[0] else ""), file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            report.interrupted = True
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def log_run(spec: Spec, out: Path, report: RunReport, dataset: pd.DataFrame, budget_minutes: float | None) -> str:
+    """The run as an MLflow run in the `profiling` experiment, the dataset as its input."""
+    import mlflow
+
+    from chunkpilot.tracking import quiet_mlflow, use_experiment
+
+    measured = dataset[dataset.config_key.isin(report.measured)]
+    with quiet_mlflow(), mlflow.start_run(run_name=spec.name, experiment_id=use_experiment("profiling")) as run:
+        mlflow.log_params({
+            "spec": spec.name, "configs_in_spec": len(spec.configs), "repeats": spec.repeats, "warmup": spec.warmup,
+            "cv_threshold": spec.cv_threshold, "max_remeasure": spec.max_remeasure,
+            "chunk_sizes": ",".join(map(str, spec.chunk_sizes)), "budget_minutes": budget_minutes,
+            "models": ",".join(dict.fromkeys(c.model for c in spec.configs))[:500],
+        })
+        mlflow.log_metrics({
+            "configs_measured": len(report.measured), "configs_already_done": report.already_done,
+            "configs_over_budget": report.over_budget, "rows_written": len(measured), "rows_in_dataset": len(dataset),
+            "duration_s": report.seconds, "interrupted": float(report.interrupted),
+            "median_cv": float(dataset.ttft_cv.median()),
+            "noisy_configs": int(dataset.groupby("config_key").noisy.first().sum()),
+        })
+        mlflow.log_dict(spec.source, "spec.yaml")
+        lineage = dataset.drop(columns=["ttft_repeats_ms", "prefill_repeats_ms"])  # MLflow schemas hold scalars
+        mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(out / spec.name), name=spec.name), context="profiling")
+        return run.info.run_id

@@ -1,0 +1,135 @@
+"""The TTFT dataset on disk: one Parquet file per finished config under data/ttft/<spec name>/.
+
+Each file is written whole and renamed into place, so a kill at any moment leaves either the
+finished file or none (a stray temporary file is ignored and removed on the next run). Rows are
+checked against the schema when written and when read; a bad row is refused, named.
+The schema is documented in data/ttft/SCHEMA.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from chunkpilot.config import ConfigError
+
+HARNESS_VERSION = "1"
+TMP_PREFIX = ".tmp-"
+
+_int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+SCHEMA = pa.schema(
+    [
+        # the config: everything but the chunk size
+        ("config_key", _str), ("spec_name", _str), ("model", _str), ("family", _str),
+        ("num_layers", _int), ("hidden_size", _int), ("num_heads", _int), ("num_kv_heads", _int),
+        ("head_dim", _int), ("intermediate_size", _int), ("vocab_size", _int), ("global_every", _int),
+        ("parameters", _int), ("context_length", _int), ("window", _int), ("layout", _str), ("sinks", _int),
+        ("dtype", _str), ("threads", _int), ("attn_impl", _str),
+        # the hardware it ran on
+        ("hardware_id", _str), ("device_kind", _str), ("device_name", _str), ("cores", _int),
+        ("l2_cache_bytes", _int), ("l3_cache_bytes", _int), ("memory_bytes", _int),
+        ("matmul_gflops", _float), ("bandwidth_gbs", _float), ("call_overhead_ms", _float),
+        ("torch_version", _str), ("transformers_version", _str), ("allocator", _str),
+        # the candidate and what it measured
+        ("chunk_size", _int), ("is_full", _bool), ("num_chunks", _int), ("last_chunk", _int),
+        ("tokenize_ms", _float), ("prefill_ms", _float), ("first_decode_ms", _float), ("ttft_ms", _float),
+        ("ttft_iqr_ms", _float), ("ttft_cv", _float), ("repeats", _int),
+        ("ttft_repeats_ms", pa.list_(_float)), ("prefill_repeats_ms", pa.list_(_float)),
+        ("kv_cache_bytes", _int), ("peak_memory_bytes", _int),
+        ("noisy", _bool), ("remeasured", _int),
+        ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC")),
+        ("harness_version", _str),
+    ]
+)
+COLUMNS = SCHEMA.names
+# (column, lowest allowed, strictly above it?) for the numeric checks
+_LOWER_BOUNDS = {
+    "num_layers": (1, False), "hidden_size": (1, False), "num_heads": (1, False), "num_kv_heads": (1, False),
+    "head_dim": (1, False), "intermediate_size": (1, False), "vocab_size": (1, False), "global_every": (0, False),
+    "parameters": (1, False), "context_length": (1, False), "window": (0, False), "sinks": (0, False),
+    "threads": (1, False), "cores": (1, False), "l2_cache_bytes": (0, False), "l3_cache_bytes": (0, False),
+    "memory_bytes": (0, False), "matmul_gflops": (0, True), "bandwidth_gbs": (0, True), "call_overhead_ms": (0, True),
+    "chunk_size": (1, False), "num_chunks": (1, False), "last_chunk": (1, False), "tokenize_ms": (0, False),
+    "prefill_ms": (0, True), "first_decode_ms": (0, True), "ttft_ms": (0, True), "ttft_iqr_ms": (0, False),
+    "ttft_cv": (0, False), "repeats": (1, False), "kv_cache_bytes": (0, False), "peak_memory_bytes": (0, False),
+    "remeasured": (0, False),
+}
+_CHOICES = {"layout": ("none", "shift", "ring"), "dtype": ("float32", "bfloat16"), "attn_impl": ("sdpa", "eager")}
+
+
+class DataError(ConfigError):
+    """A dataset file or row that breaks the schema."""
+
+
+def validate(df: pd.DataFrame, where: str) -> None:
+    """Refuse the first bad row with a message naming the file, the row and the rule it breaks."""
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise DataError("data", f"{where}: missing columns {', '.join(missing)}")
+    for i, row in enumerate(df[COLUMNS].itertuples(index=False)):
+        values = row._asdict()
+        for column, (low, strict) in _LOWER_BOUNDS.items():
+            v = values[column]
+            if v is None or (isinstance(v, float) and math.isnan(v)) or (v <= low if strict else v < low):
+                raise DataError(column, f"{where} row {i}: must be {'>' if strict else '>='} {low}, got {v!r}")
+        for column, allowed in _CHOICES.items():
+            if values[column] not in allowed:
+                raise DataError(column, f"{where} row {i}: must be one of {', '.join(allowed)}, got {values[column]!r}")
+        n, chunk = values["context_length"], values["chunk_size"]
+        if chunk > n or values["num_chunks"] != math.ceil(n / chunk):
+            raise DataError("chunk_size", f"{where} row {i}: chunk {chunk} and {values['num_chunks']} chunks do not fit context {n}")
+        repeats = values["ttft_repeats_ms"]
+        if repeats is None or len(repeats) != values["repeats"] or not all(x > 0 for x in repeats):
+            raise DataError("ttft_repeats_ms", f"{where} row {i}: needs {values['repeats']} positive times, got {repeats!r}")
+
+
+def write_config(directory: Path, key: str, rows: pd.DataFrame) -> Path:
+    """Validate, then write the config's rows atomically (temporary file, fsync, rename)."""
+    validate(rows, f"config {key}")
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{key}.parquet"
+    tmp = directory / f"{TMP_PREFIX}{key}-{os.getpid()}.parquet"
+    # column by column from Python values: pyarrow's from_pandas trips pandas' tz deprecation
+    table = pa.Table.from_pydict({c: pa.array(rows[c].tolist(), type=SCHEMA.field(c).type) for c in COLUMNS}, schema=SCHEMA)
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+    return final
+
+
+def finished_keys(directory: Path) -> set[str]:
+    """Configs already on disk; stray temporary files from a killed run are removed."""
+    if not directory.is_dir():
+        return set()
+    for stray in directory.glob(f"{TMP_PREFIX}*"):
+        stray.unlink(missing_ok=True)
+    return {p.stem for p in directory.glob("*.parquet")}
+
+
+def read_file(path: Path) -> pd.DataFrame:
+    try:
+        df = pq.read_table(path).to_pandas()
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError("data", f"{path} is not a readable Parquet file: {str(exc).splitlines()[0]}") from None
+    validate(df, str(path))
+    return df
+
+
+def read_dataset(root: Path) -> pd.DataFrame:
+    """Every config file under `root` (a dataset folder or data/ttft), checked row by row."""
+    files = sorted(p for p in Path(root).rglob("*.parquet") if not p.name.startswith(TMP_PREFIX))
+    if not files:
+        raise DataError("data", f"no dataset files under {root}")
+    return pd.concat([read_file(p) for p in files], ignore_index=True)

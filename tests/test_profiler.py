@@ -1,0 +1,197 @@
+"""The profiling harness: spec expansion, feasibility, schema checks, summary regrets, a tiny real
+sweep, and a sweep killed with SIGKILL then resumed."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from chunkpilot.cli import main
+from chunkpilot.config import ConfigError
+from profiler.plan import space_filling_order
+from profiler.spec import ProfileConfig, Spec
+from profiler.store import COLUMNS, DataError, finished_keys, read_dataset, validate, write_config
+from profiler.summary import summarize
+
+TINY = {
+    "name": "tiny",
+    "repeats": 2,
+    "chunk_sizes": [8, 16, 64, "full"],
+    "sweeps": [{
+        "models": ["llama-tiny"],
+        "contexts": [40, 100],
+        "attention": [{"window": None}, {"window": 16, "layout": "ring", "sinks": 2}],
+        "threads": [1],
+    }],
+}
+
+
+def write_spec(tmp_path: Path, spec: dict) -> Path:
+    import yaml
+
+    path = tmp_path / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_spec_expands_sweeps_without_duplicates():
+    spec = Spec.from_dict({**TINY, "sweeps": TINY["sweeps"] * 2})
+    assert len(spec.configs) == 4 and len({c.key for c in spec.configs}) == 4
+    ranged = Spec.from_dict({**TINY, "sweeps": [{**TINY["sweeps"][0], "contexts": {"min": 128, "max": 16384, "count": 9}}]})
+    lengths = sorted({c.context_length for c in ranged.configs})
+    assert lengths[0] == 128 and lengths[-1] == 16384 and len(lengths) == 9
+    assert any(n & (n - 1) for n in lengths)  # not only powers of two
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"name": "a b"}, "name"), ({"repeats": 0}, "repeats"), ({"chunk_sizes": [0]}, "chunk_sizes"),
+     ({"sweeps": [{"models": ["llama-tiny"], "contexts": [10], "dtypes": ["fp8"]}]}, "dtypes"),
+     ({"sweeps": [{"models": ["llama-tiny"], "contexts": []}]}, "contexts"),
+     ({"sweeps": [{"models": ["llama-tiny"], "contexts": [10], "attention": [{"window": 8, "size": 2}]}]}, "attention")],
+)
+def test_bad_spec_names_the_field(change, field):
+    with pytest.raises(ConfigError) as err:
+        Spec.from_dict({**TINY, **change})
+    assert err.value.field == field
+
+
+def test_infeasible_candidates_are_skipped_with_a_reason():
+    ring = ProfileConfig("llama-tiny", 300, 128, "ring", 0, "float32", 1, "sdpa")
+    chunks, skipped = ring.candidates((64, 128, 256, 512, "full"))
+    assert chunks == [64, 128]
+    assert skipped == ["256: ring layout needs chunk <= window (128)", "512: larger than the context (300)",
+                       "full: ring layout needs chunk <= window (128)"]
+    shift = ProfileConfig("llama-tiny", 300, 128, "shift", 0, "float32", 1, "sdpa")
+    assert shift.candidates((64, 256, 512, "full"))[0] == [64, 256, 300]
+
+
+def test_space_filling_order_covers_every_level_first():
+    spec = Spec.from_dict({"name": "grid", "sweeps": [{
+        "models": ["llama-tiny", "qwen2-gqa"], "contexts": [128, 512, 2048, 8192],
+        "attention": [{"window": None}, {"window": 256}, {"window": 1024, "layout": "ring"}],
+        "dtypes": ["float32", "bfloat16"], "threads": [1, 2]}]})
+    order = space_filling_order(list(spec.configs))
+    assert sorted(order, key=lambda c: c.key) == sorted(spec.configs, key=lambda c: c.key)
+    head = order[:8]
+    for level in ("model", "dtype", "threads"):
+        assert len({getattr(c, level) for c in head}) == 2, level
+    assert {c.context_length for c in order[:12]} >= {128, 8192}
+
+
+def fixture_rows(key: str, n: int, ttft: dict[int, float], window: int = 0, layout: str = "none") -> pd.DataFrame:
+    """Schema-complete rows for one config, with made-up (not measured) times: for store and summary tests."""
+    now = datetime.now(timezone.utc)
+    base = dict(
+        config_key=key, spec_name="fixture", model="llama-tiny", family="llama", num_layers=4, hidden_size=256,
+        num_heads=4, num_kv_heads=4, head_dim=64, intermediate_size=768, vocab_size=4096, global_every=0,
+        parameters=5_500_000, context_length=n, window=window, layout=layout, sinks=0, dtype="float32", threads=1,
+        attn_impl="sdpa", hardware_id="abc", device_kind="cpu", device_name="test cpu", cores=2,
+        l2_cache_bytes=1, l3_cache_bytes=1, memory_bytes=1, matmul_gflops=100.0, bandwidth_gbs=10.0,
+        call_overhead_ms=1.0, torch_version="t", transformers_version="t", allocator="a", tokenize_ms=1.0,
+        first_decode_ms=1.0, ttft_iqr_ms=0.0, ttft_cv=0.01, repeats=2, kv_cache_bytes=1, peak_memory_bytes=1,
+        noisy=False, remeasured=0, started_at=now, finished_at=now, harness_version="1",
+    )
+    rows = []
+    for chunk, ms in ttft.items():
+        k = math.ceil(n / chunk)
+        rows.append({**base, "chunk_size": chunk, "is_full": chunk == n, "num_chunks": k, "last_chunk": n - (k - 1) * chunk,
+                     "prefill_ms": ms - 2, "ttft_ms": ms, "ttft_repeats_ms": [ms, ms], "prefill_repeats_ms": [ms - 2] * 2})
+    return pd.DataFrame(rows)[COLUMNS]
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "message"),
+    [("ttft_ms", -1.0, "ttft_ms: .* row 1: must be > 0"), ("ttft_ms", float("nan"), "ttft_ms"),
+     ("chunk_size", 5000, "chunk_size"), ("layout", "spiral", "layout: .* must be one of"),
+     ("ttft_repeats_ms", [1.0], "ttft_repeats_ms"), ("threads", 0, "threads")],
+)
+def test_schema_refuses_bad_rows_naming_them(tmp_path, column, value, message):
+    rows = fixture_rows("cfg", 2048, {512: 100.0, 1024: 90.0})
+    rows.at[1, column] = value
+    with pytest.raises(DataError, match=message):
+        write_config(tmp_path, "cfg", rows)
+    assert finished_keys(tmp_path) == set()  # nothing half-written
+    with pytest.raises(DataError, match="missing columns ttft_ms"):
+        validate(rows.drop(columns=["ttft_ms"]), "x")
+
+
+def test_reading_a_corrupt_file_is_refused(tmp_path):
+    write_config(tmp_path, "good", fixture_rows("good", 100, {64: 5.0, 100: 4.0}))
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match="bad.parquet is not a readable Parquet file"):
+        read_dataset(tmp_path)
+
+
+def test_summary_regrets_match_a_hand_computation():
+    df = pd.concat([
+        # 3000 tokens, no window: best 768 (100 ms); 1024 -> 110 ms (10%); the rule says 768 (0%)
+        fixture_rows("a", 3000, {512: 130.0, 768: 100.0, 1024: 110.0, 3000: 150.0}),
+        # 2048 tokens, ring window 512: 1024 and the rule (1024) are cut to 512 -> 120 vs best 256 at 80 (50%)
+        fixture_rows("b", 2048, {128: 90.0, 256: 80.0, 512: 120.0}, window=512, layout="ring"),
+    ])
+    s = summarize(df).set_index("config_key")
+    assert s.loc["a", "best_chunk"] == 768 and s.loc["a", "regret_1024"] == pytest.approx(0.10)
+    assert s.loc["a", "rule_chunk"] == 768 and s.loc["a", "regret_rule"] == 0
+    assert s.loc["a", "worst_over_best"] == pytest.approx(1.5)
+    assert s.loc["b", "best_chunk"] == 256 and s.loc["b", "chunk_1024"] == 512
+    assert s.loc["b", "regret_1024"] == pytest.approx(0.5) and s.loc["b", "regret_rule"] == pytest.approx(0.5)
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)  # artifacts go under ./mlruns
+    return tmp_path
+
+
+def test_tiny_spec_runs_and_logs_to_mlflow(tmp_path, mlflow_store, capsys):
+    spec = write_spec(tmp_path, TINY)
+    out = tmp_path / "ttft"
+    assert main(["profile", "--spec", str(spec), "--out", str(out)]) == 0
+    df = read_dataset(out / "tiny")
+    assert df.groupby("config_key").size().to_dict() == {
+        c.key: len(c.candidates(tuple(TINY["chunk_sizes"]))[0]) for c in Spec.from_dict(TINY).configs
+    }
+    assert (df.repeats >= 2).all() and df.hardware_id.nunique() == 1 and (df.matmul_gflops > 0).all()
+    printed = capsys.readouterr()
+    assert "4 configs measured" in printed.out and "ring layout needs chunk <= window" in printed.err
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["profiling"])
+    assert len(runs) == 1 and runs["metrics.rows_written"][0] == len(df)
+    inputs = mlflow.get_run(runs.run_id[0]).inputs.dataset_inputs
+    assert inputs[0].dataset.name == "tiny"
+    # a plain rerun finds everything done and measures nothing
+    assert main(["profile", "--spec", str(spec), "--out", str(out), "--no-mlflow"]) == 0
+    assert "0 configs measured" in capsys.readouterr().out and len(read_dataset(out / "tiny")) == len(df)
+
+
+def test_killed_sweep_resumes_exactly(tmp_path):
+    spec_dict = {**TINY, "name": "killme", "repeats": 1, "sweeps": [{**TINY["sweeps"][0], "contexts": [24, 40, 56, 72]}]}
+    spec = write_spec(tmp_path, spec_dict)
+    out = tmp_path / "ttft"
+    cmd = [sys.executable, "-m", "chunkpilot.cli", "profile", "--spec", str(spec), "--out", str(out), "--no-mlflow"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for kill_after in (1, 3):  # kill -9 once the sweep has written this many configs
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while len(finished_keys(out / "killme")) < kill_after and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # the parent and its worker, mid-sweep
+        proc.wait()
+    subprocess.run(cmd + ["--resume"], env=env, check=True, capture_output=True)
+    df = read_dataset(out / "killme")
+    expected = {c.key for c in Spec.from_dict(spec_dict).configs}
+    assert set(df.config_key) == expected
+    assert not df.duplicated(["config_key", "chunk_size"]).any()
+    assert not list((out / "killme").glob(".tmp-*"))
