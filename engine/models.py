@@ -25,6 +25,17 @@ from .attention import ATTN_NAME
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gemma3_text": "gemma3"}
+# ModelShape field -> the transformers config attribute it maps to, in both directions
+_FIELDS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "max_position": "max_position_embeddings",
+}
 
 
 @dataclass
@@ -41,16 +52,7 @@ class LoadedModel:
 
 def hf_config(shape: ModelShape) -> PretrainedConfig:
     """The transformers config of a shape: one place maps our fields onto each family's names."""
-    common = dict(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        max_position_embeddings=shape.max_position,
-    )
+    common = {theirs: getattr(shape, ours) for ours, theirs in _FIELDS.items()}
     if shape.family == "llama":
         return LlamaConfig(**common)
     if shape.family == "mistral":
@@ -83,19 +85,8 @@ def shape_of(config: PretrainedConfig) -> ModelShape:
             raise ConfigError("model", f"gemma3 layer_types must repeat one local/global pattern; got {config.layer_types}")
         if window is not None and window >= config.max_position_embeddings:
             window = None  # `hf_config` writes max_position for "no window"
-    return ModelShape(
-        family=family,
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        num_heads=config.num_attention_heads,
-        num_kv_heads=config.num_key_value_heads,
-        intermediate_size=config.intermediate_size,
-        vocab_size=config.vocab_size,
-        head_dim=getattr(config, "head_dim", None),
-        max_position=config.max_position_embeddings,
-        window=window,
-        global_every=global_every,
-    )
+    fields = {ours: getattr(config, theirs, None) for ours, theirs in _FIELDS.items()}
+    return ModelShape(family=family, window=window, global_every=global_every, **fields)
 
 
 def build_model(shape: ModelShape, seed: int = 0) -> PreTrainedModel:

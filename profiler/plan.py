@@ -18,8 +18,8 @@ from chunkpilot.config import PRESETS, ConfigError, ModelShape
 from .spec import ProfileConfig
 
 FALLBACK_SHAPE = PRESETS["mistral-44m"]  # checkpoint folders: a mid-sized guess until measured
-CALL_OVERHEAD_UNITS = 2e8  # one forward call's fixed cost, in FLOP units (Python, dispatch)
-INITIAL_SECONDS_PER_UNIT = 1 / 50e9  # ~50 GFLOP/s effective until the run has measured something
+INITIAL_SECONDS_PER_FLOP = 1 / 50e9  # until the run has measured something: ~50 GFLOP/s effective
+INITIAL_SECONDS_PER_CALL = 5e-3  # and ~5 ms of fixed cost per forward call
 
 
 def known_shape(model: str) -> ModelShape:
@@ -33,18 +33,20 @@ def known_shape(model: str) -> ModelShape:
     raise ConfigError("models", f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder nor a shape file")
 
 
-def cost_units(config: ProfileConfig, shape: ModelShape, chunks: list[int], passes: int) -> float:
-    """FLOP-like units to run every candidate `passes` times: projections, attention, per-call overhead."""
+def config_cost(config: ProfileConfig, shape: ModelShape, chunks: list[int], passes: int) -> tuple[float, float]:
+    """(FLOPs, forward calls) to run every candidate `passes` times: projections and attention
+    (keys limited by the window), and the calls that carry a fixed overhead each."""
     d, heads, kv, hd = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim
     per_token = 2 * shape.num_layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * shape.intermediate_size)
     n, window = config.context_length, config.window
-    total = 0.0
+    flops = calls = 0.0
     for c in chunks:
         for start in range(0, n, c):
             q = min(c, n - start)
             keys = start + q if window is None else min(start + q, window + q)
-            total += per_token * q + 4 * shape.num_layers * heads * hd * q * keys + CALL_OVERHEAD_UNITS
-    return total * passes
+            flops += per_token * q + 4 * shape.num_layers * heads * hd * q * keys
+            calls += 1
+    return flops * passes, calls * passes
 
 
 def space_filling_order(configs: list[ProfileConfig]) -> list[ProfileConfig]:
@@ -74,16 +76,31 @@ def space_filling_order(configs: list[ProfileConfig]) -> list[ProfileConfig]:
 
 
 class TimeModel:
-    """Seconds per cost unit, learned per (dtype, threads) from finished configs."""
+    """seconds = a * FLOPs + b * calls, fitted (non-negative) on the configs finished so far, times
+    a per-(dtype, threads) factor once that group has been measured."""
 
     def __init__(self) -> None:
-        self.ratios: dict[tuple[str, int], list[float]] = {}
+        self.points: list[tuple[tuple[str, int], float, float, float]] = []  # group, flops, calls, seconds
+        self.coef = np.array([INITIAL_SECONDS_PER_FLOP, INITIAL_SECONDS_PER_CALL])
+        self.factor: dict[tuple[str, int], float] = {}
 
-    def learn(self, config: ProfileConfig, units: float, seconds: float) -> None:
-        self.ratios.setdefault((config.dtype, config.threads), []).append(seconds / units)
+    def learn(self, config: ProfileConfig, cost: tuple[float, float], seconds: float) -> None:
+        group = (config.dtype, config.threads)
+        self.points.append((group, *cost, seconds))
+        if len(self.points) >= 3:
+            from scipy.optimize import nnls
 
-    def seconds(self, config: ProfileConfig, units: float) -> float:
-        own = self.ratios.get((config.dtype, config.threads))
-        every = [r for rs in self.ratios.values() for r in rs]
-        rate = statistics.median(own) if own else statistics.median(every) if every else INITIAL_SECONDS_PER_UNIT
-        return rate * units
+            x = np.array([[f, c] for _, f, c, _ in self.points])
+            y = np.array([s for *_, s in self.points])
+            scale = x.max(0)  # nnls is better conditioned on columns of similar size
+            coef, _ = nnls(x / scale, y)
+            if coef.any():
+                self.coef = coef / scale
+        ratios = [s / max(self._base(f, c), 1e-9) for g, f, c, s in self.points if g == group]
+        self.factor[group] = statistics.median(ratios)
+
+    def _base(self, flops: float, calls: float) -> float:
+        return float(self.coef @ np.array([flops, calls]))
+
+    def seconds(self, config: ProfileConfig, cost: tuple[float, float]) -> float:
+        return self._base(*cost) * self.factor.get((config.dtype, config.threads), 1.0)

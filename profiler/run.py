@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .plan import TimeModel, cost_units, known_shape, space_filling_order
+from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
 from .store import finished_keys, read_dataset, write_config
 from .worker import Worker
@@ -54,7 +54,7 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
         else:
             plan.append(config)
     passes = spec.warmup + spec.repeats
-    units = {c: cost_units(c, shapes[c.model], chunks[c], passes) for c in plan}
+    costs = {c: config_cost(c, shapes[c.model], chunks[c], passes) for c in plan}
     times = TimeModel()
     start = time.monotonic()
     deadline = None if budget_minutes is None else start + 60 * budget_minutes
@@ -66,17 +66,17 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
     with Worker(spec, out.parent / "hardware") as worker:
         try:
             for i, config in enumerate(plan):
-                if deadline is not None and time.monotonic() + times.seconds(config, units[config]) > deadline:
+                if deadline is not None and time.monotonic() + times.seconds(config, costs[config]) > deadline:
                     report.over_budget += 1  # a cheaper config later in the plan may still fit
                     continue
                 t0 = time.monotonic()
                 rows = worker.measure(config)
                 write_config(directory, config.key, rows)
                 seconds = time.monotonic() - t0
-                times.learn(config, units[config], seconds)
+                times.learn(config, costs[config], seconds)
                 report.measured.append(config.key)
                 elapsed = time.monotonic() - start
-                remaining = sum(times.seconds(c, units[c]) for c in plan[i + 1:])
+                remaining = sum(times.seconds(c, costs[c]) for c in plan[i + 1:])
                 if deadline is not None:
                     remaining = min(remaining, max(deadline - time.monotonic(), 0))
                 best = rows.loc[rows.ttft_ms.idxmin()]

@@ -195,3 +195,50 @@ def test_killed_sweep_resumes_exactly(tmp_path):
     assert set(df.config_key) == expected
     assert not df.duplicated(["config_key", "chunk_size"]).any()
     assert not list((out / "killme").glob(".tmp-*"))
+
+
+def test_budget_mode_measures_what_fits_and_says_what_it_left_out(tmp_path, capsys):
+    spec = write_spec(tmp_path, {**TINY, "name": "budget", "sweeps": [{**TINY["sweeps"][0], "contexts": [40, 100, 400, 1600]}]})
+    assert main(["profile", "--spec", str(spec), "--out", str(tmp_path / "ttft"), "--budget-minutes", "0.05", "--no-mlflow"]) == 0
+    out = capsys.readouterr().out
+    measured = len(finished_keys(tmp_path / "ttft" / "budget"))
+    assert 1 <= measured < 8 and f"{measured} configs measured" in out and f"{8 - measured} left out by the budget" in out
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_bad_budget_is_one_line(tmp_path, capsys, value):
+    spec = write_spec(tmp_path, TINY)
+    assert main(["profile", "--spec", str(spec), "--budget-minutes", value]) == 2
+    assert "budget_minutes: must be a number of minutes" in capsys.readouterr().err
+
+
+def test_check_repro_remeasures_in_a_fresh_process(tmp_path, capsys):
+    spec = write_spec(tmp_path, TINY)
+    out = tmp_path / "ttft"
+    assert main(["profile", "--spec", str(spec), "--out", str(out), "--no-mlflow"]) == 0
+    capsys.readouterr()
+    assert main(["profile", "--spec", str(spec), "--out", str(out), "--check-repro", "--sample", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "reproducibility over 2 configs re-measured in a fresh process" in printed
+    assert printed.count("TTFT ratio") == 2
+
+
+def test_repro_comparison_counts_ties_within_the_noise():
+    from profiler.repro import compare
+
+    same = compare("k", {64: 10.0, 128: 12.0}, {64: 11.0, 128: 13.0}, {64: 0.01, 128: 0.01})
+    assert same.agrees and not same.tie and same.ratio == pytest.approx((1.1 + 13 / 12) / 2)
+    tie = compare("k", {64: 10.0, 128: 10.1}, {64: 10.1, 128: 10.0}, {64: 0.01, 128: 0.01})
+    assert tie.agrees and tie.tie
+    flip = compare("k", {64: 10.0, 128: 12.0}, {64: 14.0, 128: 10.0}, {64: 0.01, 128: 0.01})
+    assert not flip.agrees
+
+
+def test_time_model_learns_flops_and_per_call_cost():
+    from profiler.plan import TimeModel
+
+    model = TimeModel()
+    config = Spec.from_dict(TINY).configs[0]
+    for flops, calls in [(1e9, 10), (4e9, 10), (1e9, 100), (8e9, 50)]:
+        model.learn(config, (flops, calls), flops * 2e-11 + calls * 3e-3)  # a made-up machine
+    assert model.seconds(config, (2e9, 20)) == pytest.approx(2e9 * 2e-11 + 20 * 3e-3, rel=0.01)
