@@ -52,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
     dataset = read_dataset(args.out / spec.name)
     print(format_summary(summarize(dataset)))
     print(f"{len(report.measured)} configs measured in {report.seconds / 60:.1f} min, {report.already_done} were done, "
-          f"{report.over_budget} left out by the budget; dataset: {len(dataset)} rows in {args.out / spec.name}")
+          f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "
+          f"dataset: {len(dataset)} rows in {args.out / spec.name}")
     if not args.no_mlflow:
         run_id = log_run(spec, args.out, report, dataset, budget)
         print(f"logged to MLflow experiment 'profiling', run {run_id}")
     if report.interrupted:
         print("interrupted: finished configs are saved; rerun the same command to resume", file=sys.stderr)
         return 130
-    return 0
+    return 1 if report.failed else 0

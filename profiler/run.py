@@ -15,7 +15,7 @@ import pandas as pd
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
 from .store import finished_keys, read_dataset, write_config
-from .worker import Worker
+from .worker import Worker, WorkerError
 
 
 def _clock(seconds: float) -> str:
@@ -34,6 +34,7 @@ class RunReport:
     measured: list[str] = field(default_factory=list)  # config keys finished by this run
     already_done: int = 0
     over_budget: int = 0
+    failed: list[str] = field(default_factory=list)  # configs whose measuring crashed; rerun retries them
     skipped_candidates: collections.Counter = field(default_factory=collections.Counter)
     seconds: float = 0.0
     interrupted: bool = False
@@ -70,7 +71,13 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
                     report.over_budget += 1  # a cheaper config later in the plan may still fit
                     continue
                 t0 = time.monotonic()
-                rows = worker.measure(config)
+                try:
+                    rows = worker.measure(config)
+                except WorkerError as exc:  # one crashed config (out of memory, say) must not end the sweep
+                    report.failed.append(config.key)
+                    print(f"[{i + 1:>4}/{len(plan)}] {describe(config)}: FAILED, will be retried by a rerun: {exc}",
+                          file=sys.stderr, flush=True)
+                    continue
                 write_config(directory, config.key, rows)
                 seconds = time.monotonic() - t0
                 times.learn(config, costs[config], seconds)

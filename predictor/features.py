@@ -1,0 +1,90 @@
+"""The feature builder: (config, candidate chunk size) -> one row of model features.
+
+It is the serving contract: training builds its matrix with it and the service builds each
+request's candidate rows with it, so the two cannot disagree. Columns in, numpy out, vectorised
+over rows, no pandas, torch or transformers: a request's dozen candidates cost microseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+# What a row must provide (dataset columns; the service fills the same names from a request).
+INPUT_COLUMNS = (
+    "context_length", "chunk_size", "window", "layout", "sinks", "global_every",
+    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+    "parameters", "dtype", "threads", "attn_impl",
+    "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes",
+)
+LAYOUT_CODES = {"none": 0, "shift": 1, "ring": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+ATTN_CODES = {"sdpa": 0, "eager": 1}
+
+FEATURES = (
+    # the request
+    "context_length", "chunk_size", "num_chunks", "last_chunk", "chunk_over_context",
+    "window", "has_window", "layout", "sinks", "local_fraction",
+    # the model
+    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+    "parameters", "dtype_bytes", "attn_impl",
+    # the hardware
+    "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_mib", "l3_cache_mib",
+    # analytic terms
+    "linear_gflop", "attention_gflop", "kv_mib", "chunk_score_mib", "compute_ms", "overhead_ms",
+)
+# TTFT cannot fall as the context grows with everything else fixed
+MONOTONE = tuple(1 if name == "context_length" else 0 for name in FEATURES)
+
+
+def _keys_sum(n: np.ndarray, c: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Sum over chunks of (query tokens x keys attended) for prompt n in chunks of c, keys limited
+    to the last `window` tokens plus the chunk (window = inf: no limit). Closed form, no loop:
+    all chunks but the last have c queries and min(start, window) + c keys."""
+    m = np.ceil(n / c)
+    last = n - (m - 1) * c
+    full = m - 1  # chunks of exactly c tokens
+    below = np.minimum(full, np.floor(window / c) + 1)  # of those, starts k*c still <= window
+    starts = c * below * (below - 1) / 2 + np.where(np.isinf(window), 0.0, window) * (full - below)
+    return c * c * full + c * starts + last * (np.minimum((m - 1) * c, window) + last)
+
+
+def build(rows: Mapping[str, np.ndarray | list]) -> np.ndarray:
+    """[rows, len(FEATURES)] float64 from columns named in INPUT_COLUMNS (window 0: none)."""
+    col = {name: np.asarray(rows[name]) for name in INPUT_COLUMNS}
+    f = {name: col[name].astype(np.float64) for name in INPUT_COLUMNS if col[name].dtype.kind in "iuf"}
+    n, c = f["context_length"], np.minimum(f["chunk_size"], f["context_length"])
+    layers, heads, kv, hd = f["num_layers"], f["num_heads"], f["num_kv_heads"], f["head_dim"]
+    dtype_bytes = np.array([DTYPE_BYTES[d] for d in col["dtype"]], dtype=np.float64)
+    has_window = f["window"] > 0
+    window = np.where(has_window, f["window"], np.inf)
+    every = f["global_every"]
+    local_layers = np.where(has_window, np.where(every > 0, layers - np.floor(layers / np.maximum(every, 1)), layers), 0)
+    global_layers = layers - local_layers
+
+    m = np.ceil(n / c)
+    d, ff = f["hidden_size"], f["intermediate_size"]
+    linear = 2 * n * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
+    attention = 4 * heads * hd * (local_layers * _keys_sum(n, c, window) + global_layers * _keys_sum(n, c, np.full_like(n, np.inf)))
+    kept = np.where(has_window, np.minimum(n, window + f["sinks"]), n)
+    kv_bytes = 2 * layers * kv * hd * kept * dtype_bytes
+    keys_last = np.minimum(n, np.where(has_window, window, n) + c)
+    score_bytes = heads * c * keys_last * 4  # one chunk's score matrix, the attention working set
+    gflops = f["matmul_gflops"]
+    out = {
+        "context_length": n, "chunk_size": c, "num_chunks": m, "last_chunk": n - (m - 1) * c,
+        "chunk_over_context": c / n, "window": np.where(has_window, f["window"], 0.0), "has_window": has_window,
+        "layout": np.array([LAYOUT_CODES[x] for x in col["layout"]], dtype=np.float64), "sinks": f["sinks"],
+        "local_fraction": local_layers / layers,
+        "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
+        "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
+        "dtype_bytes": dtype_bytes, "attn_impl": np.array([ATTN_CODES[x] for x in col["attn_impl"]], dtype=np.float64),
+        "threads": f["threads"], "matmul_gflops": gflops, "bandwidth_gbs": f["bandwidth_gbs"],
+        "call_overhead_ms": f["call_overhead_ms"], "cores": f["cores"],
+        "l2_cache_mib": f["l2_cache_bytes"] / 2**20, "l3_cache_mib": f["l3_cache_bytes"] / 2**20,
+        "linear_gflop": linear / 1e9, "attention_gflop": attention / 1e9, "kv_mib": kv_bytes / 2**20,
+        "chunk_score_mib": score_bytes / 2**20, "compute_ms": (linear + attention) / (gflops * 1e9) * 1e3,
+        "overhead_ms": (m + 1) * layers * f["call_overhead_ms"],
+    }
+    return np.column_stack([np.broadcast_to(out[name], n.shape).astype(np.float64) for name in FEATURES])
