@@ -50,6 +50,13 @@ def _keys_sum(n: np.ndarray, c: np.ndarray, window: np.ndarray) -> np.ndarray:
     return c * c * full + c * starts + last * (np.minimum((m - 1) * c, window) + last)
 
 
+def history_sum(n: np.ndarray, c: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Sum over chunks of the history each chunk attends to, min(start, window). Closed form."""
+    m = np.ceil(n / c)
+    below = np.minimum(m, np.floor(window / c) + 1)  # chunks whose start k*c is still <= window
+    return c * below * (below - 1) / 2 + np.where(np.isinf(window), 0.0, window) * (m - below)
+
+
 def build(rows: Mapping[str, np.ndarray | list]) -> np.ndarray:
     """[rows, len(FEATURES)] float64 from columns named in INPUT_COLUMNS (window 0: none)."""
     col = {name: np.asarray(rows[name]) for name in INPUT_COLUMNS}
@@ -88,3 +95,11 @@ def build(rows: Mapping[str, np.ndarray | list]) -> np.ndarray:
         "overhead_ms": (m + 1) * layers * f["call_overhead_ms"],
     }
     return np.column_stack([np.broadcast_to(out[name], n.shape).astype(np.float64) for name in FEATURES])
+
+
+def base_log_ms(x: np.ndarray) -> np.ndarray:
+    """The analytic estimate the model corrects: log(compute + per-call overhead + 1 ms)."""
+    return np.log(x[:, _COMPUTE] + x[:, _OVERHEAD] + 1.0)
+
+
+_COMPUTE, _OVERHEAD = FEATURES.index("compute_ms"), FEATURES.index("overhead_ms")

@@ -23,3 +23,35 @@ def engines():
         return built[key]
 
     return get
+
+
+SMALL_SPEC = {
+    "name": "small",
+    "repeats": 1,
+    "chunk_sizes": [16, 32, 64, 128, "full"],
+    "sweeps": [{
+        "models": ["llama-tiny", "SHAPE"],
+        "contexts": [64, 160, 400],
+        "attention": [{"window": None}, {"window": 64, "layout": "shift"}, {"window": 128, "layout": "ring", "sinks": 4}],
+        "threads": [1, 2],
+    }],
+}
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory):
+    """A real (if small and quick) profiled dataset: 2 models x 3 contexts x 3 attention configs x
+    2 thread counts, measured by the harness. Returns its root (pass as --data)."""
+    import yaml
+
+    from profiler.run import run_profile
+    from profiler.spec import Spec
+
+    root = tmp_path_factory.mktemp("small-data")
+    shape = root / "tiny-qwen.yaml"
+    shape.write_text("family: qwen2\nnum_layers: 2\nhidden_size: 128\nnum_heads: 4\nnum_kv_heads: 1\n"
+                     "intermediate_size: 256\nvocab_size: 1024\n")
+    spec = dict(SMALL_SPEC, sweeps=[dict(SMALL_SPEC["sweeps"][0], models=["llama-tiny", str(shape)])])
+    (root / "small.yaml").write_text(yaml.safe_dump(spec))
+    run_profile(Spec.from_file(root / "small.yaml"), root / "ttft")
+    return root / "ttft"

@@ -63,3 +63,13 @@ def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every,
     x = build(row(context_length=n, chunk_size=c, window=window, layout=layout if window else "none",
                   sinks=sinks if window else 0, global_every=every, dtype=dtype, attn_impl=attn, threads=threads))
     assert np.isfinite(x).all() and set(INPUT_COLUMNS) <= set(row())
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 20000), c=st.integers(1, 5000), window=st.one_of(st.just(math.inf), st.integers(1, 8192)))
+def test_history_sum_closed_form_equals_the_loop(n, c, window):
+    from predictor.features import history_sum
+
+    c = min(c, n)
+    expected = sum(min(start, window) for start in range(0, n, c))
+    assert history_sum(np.array([n], float), np.array([c], float), np.array([window], float))[0] == expected

@@ -1,0 +1,167 @@
+"""`chunkpilot train`: bad datasets are refused in one line; choices stay feasible; the promotion
+gate keeps a better champion; training works against a real `mlflow server`."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from chunkpilot.cli import main
+from training.data import load_table
+from training.policies import TTFTRegressor, baselines
+from training.registry import MODEL_NAME, judge
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_bad_datasets_are_refused_in_one_line(tmp_path, small_dataset, capsys, store):
+    assert "does not exist" in one_line_error(capsys, ["train", "--data", str(tmp_path / "nothing")])
+    (tmp_path / "empty").mkdir()
+    assert "no dataset files" in one_line_error(capsys, ["train", "--data", str(tmp_path / "empty")])
+    files = sorted(small_dataset.rglob("*.parquet"))
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(files[0], one)
+    assert "one config only" in one_line_error(capsys, ["train", "--data", str(one)])
+    same_chunk = tmp_path / "same-chunk"
+    same_chunk.mkdir()
+    for f in files[:4]:
+        table = pq.read_table(f)
+        pq.write_table(table.filter(np.asarray(table["chunk_size"]) == 16), same_chunk / f.name)
+    assert "nothing to choose between" in one_line_error(capsys, ["train", "--data", str(same_chunk)])
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    pq.write_table(pq.read_table(files[0]).drop(["ttft_ms"]), broken / files[0].name)
+    assert "missing columns ttft_ms" in one_line_error(capsys, ["train", "--data", str(broken)])
+    (broken / files[0].name).write_bytes(b"not parquet at all")
+    assert "not a readable Parquet file" in one_line_error(capsys, ["train", "--data", str(broken)])
+    assert "n_estimators" in one_line_error(capsys, ["train", "--data", str(small_dataset), "--n-estimators", "0"])
+
+
+def test_every_policy_chooses_a_measured_feasible_chunk(small_dataset):
+    table = load_table(small_dataset)
+    groups = table.configs.group.to_numpy()
+    train, test = table.subset(groups[::2]), table.subset(groups[1::2])
+    for policy in [TTFTRegressor(), *baselines()]:
+        policy.fit(train)
+        chosen = policy.choose(test).chunks
+        for g, rows in test.rows.groupby("group"):
+            assert chosen[g] in set(rows.chunk_size), (policy.name, g)
+            if rows.layout.iloc[0] == "ring":
+                assert chosen[g] <= rows.window.iloc[0], (policy.name, g)
+
+
+def aliases(client) -> dict[str, str]:
+    return {a: str(client.get_model_version_by_alias(MODEL_NAME, a).version) for a in ("champion", "challenger")
+            if _has_alias(client, a)}
+
+
+def _has_alias(client, alias: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_model_version_by_alias(MODEL_NAME, alias)
+        return True
+    except MlflowException:
+        return False
+
+
+def test_gate_promotes_only_a_strictly_better_model():
+    assert judge(0.02, None).alias == "champion"
+    assert judge(0.02, ("3", 0.05)).alias == "champion"
+    worse = judge(0.05, ("3", 0.02))
+    assert worse.alias == "challenger" and "does not beat champion v3's 0.0200" in worse.reason
+    assert judge(0.02, ("3", 0.02)).alias == "challenger"  # a tie keeps the champion
+
+
+def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, store, capsys):
+    from mlflow import MlflowClient
+
+    assert main(["train", "--data", str(small_dataset)]) == 0
+    first = capsys.readouterr().out
+    assert "registered chunk-size-predictor v1 as champion: no champion yet" in first
+    assert "mean regret on held-out configs" in first and "lgbm-classifier" in first
+    # the same recipe again (training is deterministic): it ties the champion, so it must not replace it
+    assert main(["train", "--data", str(small_dataset)]) == 0
+    second = capsys.readouterr().out
+    assert "v2 as challenger" in second and "does not beat champion v1" in second
+    client = MlflowClient()
+    assert aliases(client) == {"champion": "1", "challenger": "2"}
+    runs = client.search_runs([client.get_experiment_by_name("chunk-size").experiment_id])
+    names = {r.info.run_name for r in runs}
+    assert names >= {"lgbm-regressor", "fixed-1024", "best-fixed", "hand-rule", "analytic-fit", "nearest-config",
+                     "lgbm-classifier", "lgbm-ranker"}
+    model_runs = [r for r in runs if r.data.tags.get("role") == "model"]
+    baseline_runs = [r for r in runs if r.data.tags.get("role") == "baseline"]
+    assert {"mean_regret", "mean_regret.context"} <= set(model_runs[0].data.metrics)
+    assert {"mean_regret", "mean_regret.context"} <= set(baseline_runs[0].data.metrics)  # one view compares them
+    artifacts = {a.path for a in client.list_artifacts(model_runs[-1].info.run_id)}
+    assert {"regret_cdf.png", "predicted_vs_measured.png", "best_chunk_heatmap.png", "feature_importance.json"} <= artifacts
+    assert model_runs[-1].inputs.dataset_inputs[0].dataset.name == "ttft"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` on a free loopback port, stopped after the test."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts"),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not start within 90 s")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, monkeypatch, tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", str(small_dataset)]) == 0
+    assert "as champion" in capsys.readouterr().out
+    version = MlflowClient(tracking_uri=mlflow_server).get_model_version_by_alias(MODEL_NAME, "champion")
+    import mlflow
+
+    booster = mlflow.lightgbm.load_model(f"models:/{MODEL_NAME}@champion")
+    assert str(version.version) == "1" and booster.num_trees() > 0
+    assert not (tmp_path / "mlruns").exists()  # everything went to the server

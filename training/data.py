@@ -1,0 +1,53 @@
+"""The training table: the profiled dataset, checked for what training needs, with features built
+by the serving contract (predictor/features.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from predictor.features import INPUT_COLUMNS, build
+from profiler.store import DataError, read_dataset
+
+CONFIG_COLUMNS = (
+    "group", "config_key", "model", "hardware_id", "context_length", "window", "layout", "sinks", "dtype", "threads", "attn_impl",
+)
+
+
+@dataclass
+class Table:
+    rows: pd.DataFrame  # one row per (group, chunk size), sorted by group then chunk
+    x: np.ndarray  # [rows, features]
+    y: np.ndarray  # log TTFT ms
+
+    @property
+    def configs(self) -> pd.DataFrame:
+        """One row per config and machine (a `group`): the fields slices hold out by."""
+        return self.rows.drop_duplicates("group")[list(CONFIG_COLUMNS)].reset_index(drop=True)
+
+    def subset(self, groups) -> Table:
+        mask = self.rows.group.isin(groups).to_numpy()
+        return Table(self.rows[mask].reset_index(drop=True), self.x[mask], self.y[mask])
+
+
+def load_table(path: Path) -> Table:
+    """Read and check the dataset (exit-2 errors name what is wrong), then build the features."""
+    if not Path(path).exists():
+        raise DataError("data", f"{path} does not exist")
+    rows = read_dataset(Path(path))
+    configs = rows.config_key.nunique()
+    if configs < 2:
+        raise DataError("data", f"{path} holds one config only ({rows.config_key.iloc[0]}): nothing to hold out")
+    if rows.chunk_size.nunique() < 2:
+        raise DataError("data", f"every row of {path} has chunk size {rows.chunk_size.iloc[0]}: nothing to choose between")
+    duplicated = rows.duplicated(["config_key", "chunk_size", "hardware_id"])
+    if duplicated.any():
+        row = rows[duplicated].iloc[0]
+        raise DataError("data", f"{path}: config {row.config_key} has chunk size {row.chunk_size} twice")
+    rows["group"] = rows.config_key + "@" + rows.hardware_id  # a config measured on one machine
+    rows = rows.sort_values(["group", "chunk_size"], kind="stable").reset_index(drop=True)
+    x = build({c: rows[c].to_numpy() for c in INPUT_COLUMNS})
+    return Table(rows, x, np.log(rows.ttft_ms.to_numpy()))

@@ -1,0 +1,49 @@
+"""Cross-validation over the held-out slices: fit on a fold's training configs, choose for its
+held-out configs, and summarise per slice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+
+from .data import Table
+from .metrics import METRICS, records, summarize
+from .slices import Fold
+
+
+def cross_validate(
+    make_policy: Callable[[], object], table: Table, slices: dict[str, list[Fold]]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(records of every held-out config in every fold of every slice, and the held-out TTFT
+    predictions of policies that make them). A config can appear in several slices."""
+    frames, predictions = [], []
+    for name, folds in slices.items():
+        for i, (train_groups, test_groups) in enumerate(folds):
+            policy = make_policy()
+            policy.fit(table.subset(train_groups))
+            test = table.subset(test_groups)
+            choice = policy.choose(test)
+            frames.append(records(test, choice).assign(slice=name, fold=i))
+            if choice.predicted_ms is not None:
+                predictions.append(pd.DataFrame({"slice": name, "measured_ms": test.rows.ttft_ms.to_numpy(),
+                                                 "predicted_ms": choice.predicted_ms}))
+    return pd.concat(frames, ignore_index=True), pd.concat(predictions, ignore_index=True) if predictions else pd.DataFrame()
+
+
+def slice_metrics(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per slice, and `all`: each metric averaged over the slices (every slice weighs the same)."""
+    per = {name: summarize(sub) for name, sub in frame.groupby("slice", sort=False)}
+    per["all"] = {m: float(pd.Series([v[m] for v in per.values()]).mean()) for m in METRICS}
+    return per
+
+
+def flat(metrics: dict[str, dict[str, float]]) -> dict[str, float]:
+    """MLflow metric names, the same for the model and every baseline: `mean_regret` (all
+    slices) and `mean_regret.context` (one slice)."""
+    out = {}
+    for name, values in metrics.items():
+        for metric, value in values.items():
+            if value == value:  # MLflow refuses NaN (MAPE of a policy that predicts no TTFT)
+                out[metric if name == "all" else f"{metric}.{name}"] = value
+    return out

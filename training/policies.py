@@ -1,0 +1,224 @@
+"""Ways to choose a chunk size, fitted on training configs and asked about held-out ones: the
+LightGBM TTFT regressor (the model) and every baseline it must beat. Each returns, per held-out
+group, the chosen chunk size among that group's measured (feasible) candidates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+
+from chunkpilot.config import hand_rule, max_chunk
+from predictor.features import FEATURES, MONOTONE, _keys_sum, base_log_ms, history_sum
+
+from .data import Table
+
+CHUNK_DEPENDENT = {"chunk_size", "num_chunks", "last_chunk", "chunk_over_context", "attention_gflop",
+                   "chunk_score_mib", "compute_ms", "overhead_ms"}
+CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEPENDENT]
+DEFAULT_PARAMS = {"num_boost_round": 400, "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 5,
+                  "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.9}
+
+
+def closest_measured(candidates: np.ndarray, chunk: int) -> int:
+    """The measured candidate a fixed choice lands on: itself, else the largest below, else the smallest."""
+    below = candidates[candidates <= chunk]
+    return int(below.max()) if len(below) else int(candidates.min())
+
+
+def limited(rows: pd.DataFrame, chunk: int) -> int:
+    """A fixed choice cut to what the config allows (ring: <= window; <= context), as the engine does."""
+    first = rows.iloc[0]
+    return min(chunk, max_chunk(int(first.context_length), int(first.window) or None, first.layout))
+
+
+def _quiet_lgb(**params) -> dict:
+    # one thread: these tables are small, and a second would spin-wait against other work
+    return {"verbose": -1, "num_threads": 1, "seed": 0, **params}
+
+
+@dataclass
+class Choice:
+    chunks: dict[str, int]  # group -> chosen chunk size
+    predicted_ms: np.ndarray | None = None  # per test row, for regressors
+
+
+class FixedChunk:
+    def __init__(self, size: int = 1024) -> None:
+        self.size, self.name = size, f"fixed-{size}"
+
+    def fit(self, train: Table) -> None:
+        pass
+
+    def choose(self, test: Table) -> Choice:
+        return Choice({g: closest_measured(r.chunk_size.to_numpy(), limited(r, self.size))
+                       for g, r in test.rows.groupby("group", sort=False)})
+
+
+class BestFixed(FixedChunk):
+    """The single fixed size with the lowest mean regret on the training configs."""
+
+    def __init__(self) -> None:
+        super().__init__(1024)
+        self.name = "best-fixed"
+
+    def fit(self, train: Table) -> None:
+        groups = list(train.rows.groupby("group", sort=False))
+        best = {g: r.ttft_ms.min() for g, r in groups}
+
+        def mean_regret(size: int) -> float:
+            return float(np.mean([
+                r.ttft_ms.to_numpy()[r.chunk_size.to_numpy() == closest_measured(r.chunk_size.to_numpy(), limited(r, size))][0]
+                / best[g] - 1 for g, r in groups
+            ]))
+
+        self.size = min(sorted(train.rows.chunk_size.unique()), key=mean_regret)
+
+
+class HandRule:
+    name = "hand-rule"
+
+    def fit(self, train: Table) -> None:
+        pass
+
+    def choose(self, test: Table) -> Choice:
+        return Choice({g: closest_measured(r.chunk_size.to_numpy(), limited(r, hand_rule(int(r.context_length.iloc[0]))))
+                       for g, r in test.rows.groupby("group", sort=False)})
+
+
+def _argmin(test: Table, predicted: np.ndarray) -> dict[str, int]:
+    frame = pd.DataFrame({"group": test.rows.group.to_numpy(), "chunk": test.rows.chunk_size.to_numpy(), "p": predicted})
+    return {g: int(r.chunk.iloc[int(np.argmin(r.p.to_numpy()))]) for g, r in frame.groupby("group", sort=False)}
+
+
+class AnalyticFit:
+    """vllm-ascend's profiled fit, summed over chunks: TTFT = a*sum C(C+H) + b*N + c*sum H + d,
+    with H the history each chunk attends (capped by the window), least squares per
+    (model, machine, dtype, threads, kernel) group; the pooled fit where a group is unseen."""
+
+    name = "analytic-fit"
+    KEYS = ["model", "hardware_id", "dtype", "threads", "attn_impl"]
+
+    @staticmethod
+    def _terms(rows: pd.DataFrame) -> np.ndarray:
+        n = rows.context_length.to_numpy(float)
+        c = np.minimum(rows.chunk_size.to_numpy(float), n)
+        w = np.where(rows.window.to_numpy() > 0, rows.window.to_numpy(float), np.inf)
+        return np.column_stack([_keys_sum(n, c, w), n, history_sum(n, c, w), np.ones_like(n)])
+
+    def fit(self, train: Table) -> None:
+        def solve(rows: pd.DataFrame) -> np.ndarray:
+            return np.linalg.lstsq(self._terms(rows), rows.ttft_ms.to_numpy(), rcond=None)[0]
+
+        self.pooled = solve(train.rows)
+        self.coef = {key: solve(r) for key, r in train.rows.groupby(self.KEYS) if len(r) >= 4}
+
+    def choose(self, test: Table) -> Choice:
+        predicted = np.empty(len(test.rows))
+        for key, r in test.rows.groupby(self.KEYS):
+            predicted[r.index.to_numpy()] = self._terms(r) @ self.coef.get(key, self.pooled)
+        return Choice(_argmin(test, predicted), np.maximum(predicted, 1e-3))
+
+
+def _config_matrix(table: Table) -> tuple[np.ndarray, pd.DataFrame]:
+    first = table.rows.drop_duplicates("group")
+    return table.x[first.index.to_numpy()][:, CONFIG_FEATURES], first
+
+
+class NearestConfig:
+    """Lookup: the best chunk size of the nearest profiled config (standardised config features)."""
+
+    name = "nearest-config"
+
+    def fit(self, train: Table) -> None:
+        x, first = _config_matrix(train)
+        x = np.log1p(np.abs(x))
+        self.mean, self.std = x.mean(0), x.std(0) + 1e-9
+        self.x = (x - self.mean) / self.std
+        best = train.rows.loc[train.rows.groupby("group", sort=False).ttft_ms.idxmin()]
+        self.best = best.set_index("group").chunk_size.reindex(first.group).to_numpy()
+
+    def choose(self, test: Table) -> Choice:
+        x, first = _config_matrix(test)
+        x = (np.log1p(np.abs(x)) - self.mean) / self.std
+        nearest = ((x[:, None, :] - self.x[None]) ** 2).sum(-1).argmin(1)
+        chunks = {}
+        for g, target in zip(first.group, self.best[nearest]):
+            candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
+            chunks[g] = closest_measured(candidates, int(target))
+        return Choice(chunks)
+
+
+class ChunkClassifier:
+    """A LightGBM classifier from config features to the best chunk size; the most probable
+    feasible class wins."""
+
+    name = "lgbm-classifier"
+
+    def fit(self, train: Table) -> None:
+        x, first = _config_matrix(train)
+        best = train.rows.loc[train.rows.groupby("group", sort=False).ttft_ms.idxmin()].set_index("group").chunk_size
+        labels = best.reindex(first.group).to_numpy()
+        self.classes = np.unique(labels)
+        self.single = self.classes[0] if len(self.classes) == 1 else None
+        if self.single is None:
+            self.model = lgb.LGBMClassifier(**_quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
+            self.model.fit(x, np.searchsorted(self.classes, labels))
+
+    def choose(self, test: Table) -> Choice:
+        x, first = _config_matrix(test)
+        if self.single is not None:
+            proba = np.ones((len(first), 1))
+        else:
+            proba = self.model.predict_proba(x)
+        chunks = {}
+        for g, p in zip(first.group, proba):
+            candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
+            feasible = [(p[i], c) for i, c in enumerate(self.classes[: len(p)]) if c in candidates]
+            chunks[g] = int(max(feasible)[1]) if feasible else closest_measured(candidates, int(self.classes[np.argmax(p)]))
+        return Choice(chunks)
+
+
+class ChunkRanker:
+    """LightGBM LambdaRank over each config's candidates, graded by regret."""
+
+    name = "lgbm-ranker"
+
+    def fit(self, train: Table) -> None:
+        rows = train.rows
+        regret = rows.ttft_ms / rows.groupby("group", sort=False).ttft_ms.transform("min") - 1
+        grade = np.select([regret <= 0, regret <= 0.05, regret <= 0.10, regret <= 0.25], [4, 3, 2, 1], 0)
+        sizes = rows.groupby("group", sort=False).size().to_numpy()
+        self.model = lgb.LGBMRanker(**_quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
+        self.model.fit(train.x, grade, group=sizes)
+
+    def choose(self, test: Table) -> Choice:
+        return Choice(_argmin(test, -self.model.predict(test.x)))
+
+
+@dataclass
+class TTFTRegressor:
+    """The model: LightGBM on log TTFT per (config, chunk size), learning the correction to the
+    analytic estimate (`base_log_ms`, part of the serving contract); the argmin over candidates wins."""
+
+    params: dict = field(default_factory=lambda: dict(DEFAULT_PARAMS))
+    name: str = "lgbm-regressor"
+
+    def fit(self, train: Table) -> None:
+        params = _quiet_lgb(objective="regression", monotone_constraints=list(MONOTONE), **self.params)
+        rounds = params.pop("num_boost_round")
+        data = lgb.Dataset(train.x, train.y - base_log_ms(train.x), feature_name=list(FEATURES), free_raw_data=False)
+        self.booster = lgb.train(params, data, num_boost_round=rounds)
+
+    def predict_log_ms(self, table: Table) -> np.ndarray:
+        return self.booster.predict(table.x) + base_log_ms(table.x)
+
+    def choose(self, test: Table) -> Choice:
+        predicted = self.predict_log_ms(test)
+        return Choice(_argmin(test, predicted), np.exp(predicted))
+
+
+def baselines() -> list:
+    return [FixedChunk(1024), BestFixed(), HandRule(), AnalyticFit(), NearestConfig(), ChunkClassifier(), ChunkRanker()]

@@ -1,0 +1,35 @@
+"""Group-aware held-out slices: whole configs are held out, never single rows, so a model is judged
+on configs it has not seen: (a) unseen context lengths, (b) unseen model shapes, (c) unseen
+windows, (d) an unseen hardware setting (a thread count, a dtype, a machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+Fold = tuple[np.ndarray, np.ndarray]  # (training groups, held-out groups)
+
+
+def _leave_one_out(configs: pd.DataFrame, column: str) -> list[Fold]:
+    levels = sorted(configs[column].unique())
+    if len(levels) < 2:
+        return []
+    return [
+        (configs.group[configs[column] != level].to_numpy(), configs.group[configs[column] == level].to_numpy())
+        for level in levels
+    ]
+
+
+def make_slices(configs: pd.DataFrame, context_folds: int = 3) -> dict[str, list[Fold]]:
+    """Slice name -> folds. A slice the data cannot form (one model only, say) is left out."""
+    lengths = np.array(sorted(configs.context_length.unique()))
+    context = []
+    for i in range(min(context_folds, len(lengths))):
+        held = np.isin(configs.context_length, lengths[i::context_folds])  # interleaved: every 3rd length
+        context.append((configs.group[~held].to_numpy(), configs.group[held].to_numpy()))
+    windowed = configs[configs.window > 0]  # "no window" stays in training: it is not a window to generalise to
+    window = [(np.concatenate([configs.group[configs.window == 0].to_numpy(), train]), test)
+              for train, test in _leave_one_out(windowed, "window")]
+    hardware = [fold for column in ("threads", "dtype", "hardware_id") for fold in _leave_one_out(configs, column)]
+    slices = {"context": context, "model": _leave_one_out(configs, "model"), "window": window, "hardware": hardware}
+    return {name: [f for f in folds if len(f[0]) and len(f[1])] for name, folds in slices.items() if folds}

@@ -1,0 +1,125 @@
+"""`chunkpilot train`: cross-validate the model and every baseline on the held-out slices, log each
+as its own MLflow run with the same metric names, then log and register the model trained on all
+data, moving `champion` only through the promotion gate."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from chunkpilot.tracking import quiet_mlflow, use_experiment
+from predictor.features import FEATURES
+from profiler.store import DataError
+
+from . import plots
+from .data import Table, load_table
+from .evaluate import cross_validate, flat, slice_metrics
+from .policies import DEFAULT_PARAMS, TTFTRegressor, baselines
+from .registry import MODEL_NAME, Verdict, current_champion, judge
+from .slices import make_slices
+
+TARGETS = {"mean_regret": 0.03, "p95_regret": 0.10, "within_5pct": 0.90, "mape": 0.08}
+
+
+@dataclass
+class TrainResult:
+    metrics: dict[str, dict[str, dict[str, float]]]  # policy -> slice -> metric
+    version: str
+    verdict: Verdict
+    seconds: float
+    rows: int
+    configs: int
+
+
+def _log_dataset(table: Table, source: Path) -> None:
+    import mlflow
+
+    lineage = table.rows.drop(columns=["ttft_repeats_ms", "prefill_repeats_ms"])  # MLflow schemas hold scalars
+    mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(source), name="ttft"), context="training")
+
+
+def train(data: Path, experiment: str = "chunk-size", params: dict | None = None) -> TrainResult:
+    import mlflow
+    from mlflow import MlflowClient
+
+    start = time.monotonic()
+    params = {**DEFAULT_PARAMS, **(params or {})}
+    table = load_table(data)
+    slices = make_slices(table.configs)
+    if not slices:
+        raise DataError("data", f"{data}: the configs differ in nothing that can be held out")
+    metrics: dict[str, dict] = {}
+    frames: dict[str, pd.DataFrame] = {}
+    with quiet_mlflow():
+        experiment_id = use_experiment(experiment)
+        client = MlflowClient()
+        for baseline in baselines():
+            frame, _ = cross_validate(lambda b=baseline: type(b)(), table, slices)
+            frames[baseline.name], metrics[baseline.name] = frame, slice_metrics(frame)
+            with mlflow.start_run(experiment_id=experiment_id, run_name=baseline.name):
+                mlflow.set_tags({"role": "baseline", "policy": baseline.name})
+                mlflow.log_metrics(flat(metrics[baseline.name]))
+                _log_dataset(table, data)
+
+        frame, predictions = cross_validate(lambda: TTFTRegressor(params), table, slices)
+        frames["lgbm-regressor"], metrics["lgbm-regressor"] = frame, slice_metrics(frame)
+        new_regret = metrics["lgbm-regressor"]["all"]["mean_regret"]
+        final = TTFTRegressor(params)
+        final.fit(table)
+
+        champion = current_champion(client)
+        if champion is not None:  # re-measure the champion's recipe on exactly these slices
+            version, champion_params = champion
+            champion_frame, _ = cross_validate(lambda: TTFTRegressor(champion_params), table, slices)
+            champion = (version, slice_metrics(champion_frame)["all"]["mean_regret"])
+        verdict = judge(new_regret, champion)
+
+        with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
+            mlflow.set_tags({"role": "model", "policy": "lgbm-regressor", "promotion": verdict.reason,
+                             "target": "log(ttft_ms) - predictor.features.base_log_ms(features)"})
+            mlflow.log_params({"lgbm_params": json.dumps(params, sort_keys=True), "features": ",".join(FEATURES),
+                               "rows": len(table.rows), "configs": table.rows.group.nunique(),
+                               "slices": json.dumps({k: len(v) for k, v in slices.items()})})
+            mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
+            booster = final.booster
+            importance = dict(zip(FEATURES, booster.feature_importance("gain").round(1).tolist()))
+            mlflow.log_dict(dict(sorted(importance.items(), key=lambda kv: -kv[1])), "feature_importance.json")
+            mlflow.log_figure(plots.regret_cdf(frames), "regret_cdf.png")
+            mlflow.log_figure(plots.predicted_vs_measured(predictions), "predicted_vs_measured.png")
+            mlflow.log_figure(plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png")
+            _log_dataset(table, data)
+            example = pd.DataFrame(table.x[:3], columns=list(FEATURES))
+            signature = mlflow.models.infer_signature(example, booster.predict(table.x[:3]))
+            info = mlflow.lightgbm.log_model(booster, name="model", signature=signature, input_example=example,
+                                             registered_model_name=MODEL_NAME)
+        version = str(info.registered_model_version)
+        client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
+        client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
+        client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)
+    return TrainResult(metrics, version, verdict, time.monotonic() - start, len(table.rows), table.rows.group.nunique())
+
+
+def format_result(result: TrainResult) -> str:
+    policies = ["lgbm-regressor", *[n for n in result.metrics if n != "lgbm-regressor"]]
+    slice_names = list(result.metrics["lgbm-regressor"])
+    lines = [f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s", "",
+             "mean regret on held-out configs (TTFT of the choice / measured best - 1)",
+             f"{'policy':<18}" + "".join(f"{s:>11}" for s in slice_names)]
+    for name in policies:
+        lines.append(f"{name:<18}" + "".join(f"{result.metrics[name][s]['mean_regret']:>11.1%}" for s in slice_names))
+    lines += ["", "lgbm-regressor per slice (targets: mean regret <= 3%, p95 <= 10%, within 5% >= 90%, MAPE <= 8%)",
+              f"{'slice':<10}{'mean':>8}{'p95':>8}{'top-1':>8}{'within5%':>10}{'MAPE':>8}{'saved/1024':>12}{'saved/rule':>12}"]
+    for s, m in result.metrics["lgbm-regressor"].items():
+        lines.append(f"{s:<10}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['top1']:>8.0%}{m['within_5pct']:>10.0%}"
+                     f"{m['mape']:>8.1%}{m['saved_vs_1024']:>12.0%}{m['saved_vs_rule']:>12.0%}")
+    losses = [f"{name} in {s}" for name in policies[1:] for s in slice_names
+              if result.metrics[name][s]["mean_regret"] <= result.metrics["lgbm-regressor"][s]["mean_regret"]]
+    lines.append("the model beats every baseline on mean regret in every slice" if not losses
+                 else "the model does NOT beat: " + ", ".join(losses))
+    lines.append(f"registered {MODEL_NAME} v{result.version} as {result.verdict.alias}: {result.verdict.reason}")
+    return "\n".join(lines)
+
