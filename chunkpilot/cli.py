@@ -21,12 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     # each part's module adds its own arguments and imports torch only inside its `run`
     from engine import cli as engine_cli
     from engine import demo
+    from predictor import cli as predictor_cli
     from profiler import cli as profiler_cli
     from training import cli as training_cli
 
     parser = OneLineParser(prog="chunkpilot", description="Per-request prefill chunk sizes, from measurements.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for name, module in (("prefill", engine_cli), ("profile", profiler_cli), ("train", training_cli), ("demo", demo)):
+    for name, module in (("prefill", engine_cli), ("profile", profiler_cli), ("train", training_cli), ("serve", predictor_cli), ("demo", demo)):
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_args(command)
         command.set_defaults(handler=module.run)

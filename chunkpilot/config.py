@@ -18,6 +18,8 @@ LAYOUTS = ("shift", "ring")
 DTYPES = ("float32", "bfloat16")
 ATTN_IMPLS = ("sdpa", "eager")
 Layout = Literal["shift", "ring"]
+# chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
+DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
 
 
 class ConfigError(ValueError):
@@ -79,6 +81,18 @@ class ModelShape:
             raise ConfigError("num_kv_heads", f"must divide num_heads ({self.num_heads}); got {self.num_kv_heads}")
         if self.global_every is not None:
             check_int("global_every", self.global_every, 1, self.num_layers)
+
+    @property
+    def parameters(self) -> int:
+        """Parameter count of the transformers model this shape builds (engine/models.py)."""
+        d, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = d * q + 2 * d * kv + q * d + 3 * d * self.intermediate_size + 2 * d  # attn, MLP, 2 norms
+        if self.family == "qwen2":
+            per_layer += q + 2 * kv  # q/k/v biases
+        if self.family == "gemma3":
+            per_layer += 2 * d + 2 * self.head_dim  # pre/post-feedforward norms, q/k norms
+        embeddings = self.vocab_size * d * (1 if self.family == "gemma3" else 2)  # gemma ties the LM head
+        return self.num_layers * per_layer + embeddings + d  # + final norm
 
     @property
     def local_layers(self) -> tuple[bool, ...]:

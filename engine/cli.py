@@ -30,13 +30,34 @@ def add_attention_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sinks", default="0", help="first tokens every query sees besides the window")
 
 
+def add_predictor_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--predictor-url", default="http://127.0.0.1:8000", help="the service `auto` asks")
+    parser.add_argument("--predictor-timeout-ms", default="50", help="give up on the service after this long")
+    parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
+
+
+def auto_policy(args: argparse.Namespace, engine):
+    """The `auto` policy for this engine: over HTTP, or in-process with --in-process."""
+    from chunkpilot.tracking import tracking_uri
+
+    from .predictor_client import AutoPolicy, InProcessPolicy, local_hardware
+
+    timeout_ms = check_int("predictor_timeout_ms", args.predictor_timeout_ms, 1, 60_000)
+    hardware = local_hardware(dtype=engine.config.dtype, threads=engine.runtime.threads)
+    if args.in_process:
+        return InProcessPolicy(tracking_uri(), hardware)
+    return AutoPolicy(args.predictor_url, timeout_ms / 1e3, hardware)
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     add_engine_args(parser)
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
     parser.add_argument("--context-length", help="prompt length in tokens: synthetic text, or a cap on a given text")
-    parser.add_argument("--chunk-size", default="rule", help="a positive integer, 'full' (one shot) or 'rule'")
+    parser.add_argument("--chunk-size", default="rule",
+                        help="a positive integer, 'full' (one shot), 'rule' or 'auto' (ask the predictor)")
+    add_predictor_args(parser)
     add_attention_args(parser)
     parser.add_argument("--repeats", default="3", help="measured repeats after one warm-up")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -64,7 +85,7 @@ def attention_config(args: argparse.Namespace, model_window: int | None) -> Atte
 def run(args: argparse.Namespace) -> int:
     from .policy import parse_policy  # light: check what needs no model before loading torch
 
-    policy = parse_policy(args.chunk_size)
+    policy = None if args.chunk_size == "auto" else parse_policy(args.chunk_size)
     repeats = check_int("repeats", args.repeats, 1, 1000)
     text = read_prompt(args)
     num_tokens = None if args.context_length is None else check_int("context_length", args.context_length, 1)
@@ -73,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = engine_config(args)
     engine = Engine(config)
+    policy = policy or auto_policy(args, engine)
     attention = attention_config(args, engine.shape.window)
     measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats)
     report = {

@@ -51,6 +51,7 @@ class TTFTResult:
     chunk_size: int
     num_chunks: int
     decision_source: str
+    decision_model_version: str | None
     first_token: int
     tokenize_ms: float
     decision_ms: float
@@ -86,6 +87,7 @@ class Measurement:
             "chunk_size": first.chunk_size,
             "num_chunks": first.num_chunks,
             "decision_source": first.decision_source,
+            "decision_model_version": first.decision_model_version,
             "first_token": first.first_token,
             "kv_cache_bytes": first.kv_cache_bytes,
             "peak_memory_bytes": max(r.peak_memory_bytes for r in self.runs),
@@ -153,6 +155,7 @@ class Engine:
             chunk_size=chunk,
             num_chunks=len(chunk_ms),
             decision_source=decision.source,
+            decision_model_version=decision.model_version,
             first_token=int(first),
             tokenize_ms=t1 - t0,
             decision_ms=t2 - t1,

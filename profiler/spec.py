@@ -13,9 +13,7 @@ from typing import Any
 
 import yaml
 
-from chunkpilot.config import ATTN_IMPLS, DTYPES, AttentionConfig, ConfigError, check_choice, check_int
-
-DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
+from chunkpilot.config import ATTN_IMPLS, DEFAULT_CHUNKS, DTYPES, AttentionConfig, ConfigError, check_choice, check_int
 
 
 @dataclass(frozen=True)

@@ -55,3 +55,24 @@ def small_dataset(tmp_path_factory):
     (root / "small.yaml").write_text(yaml.safe_dump(spec))
     run_profile(Spec.from_file(root / "small.yaml"), root / "ttft")
     return root / "ttft"
+
+
+@pytest.fixture(scope="session")
+def trained_store(small_dataset, tmp_path_factory):
+    """A real MLflow store (SQLite + artifacts) holding a champion trained on `small_dataset`."""
+    from training.train import train
+
+    root = tmp_path_factory.mktemp("store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    previous, cwd = os.environ.get("MLFLOW_TRACKING_URI"), os.getcwd()
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    os.chdir(root)
+    try:
+        train(small_dataset)
+    finally:
+        os.chdir(cwd)
+        if previous is None:
+            del os.environ["MLFLOW_TRACKING_URI"]
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = previous
+    return uri

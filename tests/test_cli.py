@@ -27,6 +27,7 @@ def prefill_json(capsys, *args: str) -> dict:
 def test_json_for_every_preset(capsys, preset):
     report = prefill_json(capsys, "--model", preset, *SMALL)
     assert report["config"]["shape"] == PRESETS[preset].to_dict()
+    assert report["config"]["parameters"] == PRESETS[preset].parameters  # the light count matches the real model
     assert (report["context_length"], report["chunk_size"], report["num_chunks"]) == (64, 16, 4)
     run = report["repeats"][0]
     assert len(run["chunk_ms"]) == 4 and math.isclose(sum(run["chunk_ms"]), run["prefill_ms"], rel_tol=0.05)

@@ -4,7 +4,6 @@ gate keeps a better champion; training works against a real `mlflow server`."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from chunkpilot.cli import main
 from training.data import load_table
 from training.policies import TTFTRegressor, baselines
+from servers import free_port
 from training.registry import MODEL_NAME, judge
 
 
@@ -118,12 +118,6 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     artifacts = {a.path for a in client.list_artifacts(model_runs[-1].info.run_id)}
     assert {"regret_cdf.png", "predicted_vs_measured.png", "best_chunk_heatmap.png", "feature_importance.json"} <= artifacts
     assert model_runs[-1].inputs.dataset_inputs[0].dataset.name == "ttft"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -28,6 +28,11 @@ class Table:
         """One row per config and machine (a `group`): the fields slices hold out by."""
         return self.rows.drop_duplicates("group")[list(CONFIG_COLUMNS)].reset_index(drop=True)
 
+    @property
+    def best_chunk(self) -> pd.Series:
+        """group -> the measured best chunk size."""
+        return self.rows.loc[self.rows.groupby("group", sort=False).ttft_ms.idxmin()].set_index("group").chunk_size
+
     def subset(self, groups) -> Table:
         mask = self.rows.group.isin(groups).to_numpy()
         return Table(self.rows[mask].reset_index(drop=True), self.x[mask], self.y[mask])

@@ -137,8 +137,7 @@ class NearestConfig:
         x = np.log1p(np.abs(x))
         self.mean, self.std = x.mean(0), x.std(0) + 1e-9
         self.x = (x - self.mean) / self.std
-        best = train.rows.loc[train.rows.groupby("group", sort=False).ttft_ms.idxmin()]
-        self.best = best.set_index("group").chunk_size.reindex(first.group).to_numpy()
+        self.best = train.best_chunk.reindex(first.group).to_numpy()
 
     def choose(self, test: Table) -> Choice:
         x, first = _config_matrix(test)
@@ -159,8 +158,7 @@ class ChunkClassifier:
 
     def fit(self, train: Table) -> None:
         x, first = _config_matrix(train)
-        best = train.rows.loc[train.rows.groupby("group", sort=False).ttft_ms.idxmin()].set_index("group").chunk_size
-        labels = best.reindex(first.group).to_numpy()
+        labels = train.best_chunk.reindex(first.group).to_numpy()
         self.classes = np.unique(labels)
         self.single = self.classes[0] if len(self.classes) == 1 else None
         if self.single is None:
@@ -176,7 +174,7 @@ class ChunkClassifier:
         chunks = {}
         for g, p in zip(first.group, proba):
             candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
-            feasible = [(p[i], c) for i, c in enumerate(self.classes[: len(p)]) if c in candidates]
+            feasible = [(prob, c) for prob, c in zip(p, self.classes) if c in candidates]
             chunks[g] = int(max(feasible)[1]) if feasible else closest_measured(candidates, int(self.classes[np.argmax(p)]))
         return Choice(chunks)
 

@@ -35,6 +35,21 @@ class TrainResult:
     configs: int
 
 
+def hardware_table(rows: pd.DataFrame) -> dict:
+    """Each machine in the data: its fingerprint and its descriptors per "dtype/threads". Logged
+    with the model, so the service can resolve a request's hardware_id (predictor/model.py)."""
+    static = ["device_kind", "device_name", "cores", "l2_cache_bytes", "l3_cache_bytes", "memory_bytes"]
+    measured = ["matmul_gflops", "bandwidth_gbs", "call_overhead_ms"]
+    return {
+        str(hardware_id): {
+            "static": json.loads(machine[static].iloc[0].to_json()),
+            "descriptors": {f"{dtype}/{threads}": json.loads(g[measured].median().to_json())
+                            for (dtype, threads), g in machine.groupby(["dtype", "threads"])},
+        }
+        for hardware_id, machine in rows.groupby("hardware_id")
+    }
+
+
 def _log_dataset(table: Table, source: Path) -> None:
     import mlflow
 
@@ -88,6 +103,7 @@ def train(data: Path, experiment: str = "chunk-size", params: dict | None = None
             booster = final.booster
             importance = dict(zip(FEATURES, booster.feature_importance("gain").round(1).tolist()))
             mlflow.log_dict(dict(sorted(importance.items(), key=lambda kv: -kv[1])), "feature_importance.json")
+            mlflow.log_dict(hardware_table(table.rows), "hardware.json")
             mlflow.log_figure(plots.regret_cdf(frames), "regret_cdf.png")
             mlflow.log_figure(plots.predicted_vs_measured(predictions), "predicted_vs_measured.png")
             mlflow.log_figure(plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png")

@@ -1,0 +1,24 @@
+"""`chunkpilot serve`: the predictor service on uvicorn (this process never imports torch)."""
+
+from __future__ import annotations
+
+import argparse
+
+from chunkpilot.config import check_int
+
+HELP = "serve the champion chunk-size model over HTTP (FastAPI + uvicorn)"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    parser.add_argument("--port", default="8000")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    port = check_int("port", args.port, 1, 65535)
+    uvicorn.run(create_app(), host=args.host, port=port, log_level="warning")
+    return 0

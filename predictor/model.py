@@ -1,0 +1,160 @@
+"""The served model: the champion's LightGBM Booster, the hardware it was trained on, and the
+decision for one request (feature rows for every feasible candidate -> predicted TTFT -> argmin).
+No torch, no transformers, no pandas: this runs in the service's hot path."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightgbm as lgb
+import numpy as np
+
+from chunkpilot.config import DEFAULT_CHUNKS, PRESETS, ConfigError, ModelShape, hand_rule, max_chunk
+
+from .features import INPUT_COLUMNS, base_log_ms, build
+from .schemas import Candidate, ChunkRequest, Hardware
+
+TOP = 5  # candidates returned with their predictions
+
+
+class Infeasible(ValueError):
+    """A request no candidate can serve; the message says why (422)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    chunk_size: int
+    predicted_ttft_ms: float
+    top: list[Candidate]
+    rule: Candidate
+    model_version: str
+
+
+def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:
+    """Descriptor fields for the features: a profiled machine's (its measurement at this dtype and
+    the nearest thread count), overridden by any fields the request gives."""
+    found: dict = {}
+    given = hardware.model_dump(exclude={"hardware_id"}, exclude_none=True)
+    described = {"matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores"} <= set(given)
+    machine = table.get(hardware.hardware_id) if hardware.hardware_id is not None else None
+    if machine is None and not described:
+        raise Infeasible(f"hardware.hardware_id {hardware.hardware_id!r} was not profiled (known: "
+                         f"{', '.join(table) or 'none'}); give its descriptors instead")
+    if machine is not None:
+        measured = {tuple(k.split("/")): v for k, v in machine["descriptors"].items()}
+        same_dtype = [k for k in measured if k[0] == dtype] or list(measured)
+        nearest = min(same_dtype, key=lambda k: (abs(int(k[1]) - threads), k))
+        found = {**machine["static"], **measured[nearest]}
+    return {**found, **{k: v for k, v in given.items() if v or k not in found}}
+
+
+@dataclass
+class Predictor:
+    version: str
+    booster: lgb.Booster
+    hardware: dict  # hardware_id -> {"static": {...}, "descriptors": {"dtype/threads": {...}}}
+    info: dict = field(default_factory=dict)  # shown by GET /v1/model
+
+    def candidates(self, request: ChunkRequest) -> list[int]:
+        n, att = request.context_length, request.attention
+        limit = max_chunk(n, att.window, att.layout)
+        asked = request.candidates or [n if c == "full" else int(c) for c in DEFAULT_CHUNKS]
+        chosen = sorted({c for c in asked if c <= limit})
+        if not chosen:
+            why = f"the context ({n})" if limit == n else f"the ring window ({att.window}) and the context ({n})"
+            raise Infeasible(f"candidates: every candidate {sorted(set(asked))} is larger than {why}")
+        return chosen
+
+    def decide(self, request: ChunkRequest) -> Decision:
+        n, att = request.context_length, request.attention
+        try:
+            shape = PRESETS[request.model] if isinstance(request.model, str) else ModelShape(**request.model.model_dump())
+        except ConfigError as exc:
+            raise Infeasible(f"model.{exc.field}: {exc.message}") from None
+        chunks = self.candidates(request)
+        rule = min(hand_rule(n), max_chunk(n, att.window, att.layout))
+        sizes = np.array(chunks + ([rule] if rule not in chunks else []))
+        hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
+        constant = {
+            "context_length": n, "window": att.window or 0, "layout": "none" if att.window is None else att.layout,
+            "sinks": att.sinks, "global_every": shape.global_every or 0, "num_layers": shape.num_layers,
+            "hidden_size": shape.hidden_size, "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim, "intermediate_size": shape.intermediate_size, "vocab_size": shape.vocab_size,
+            "parameters": shape.parameters, "dtype": request.dtype, "threads": request.threads,
+            "attn_impl": request.attn_impl, **{k: hw.get(k, 0) for k in ("matmul_gflops", "bandwidth_gbs",
+                                                                        "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes")},
+        }
+        rows = {name: [constant[name]] * len(sizes) for name in INPUT_COLUMNS if name != "chunk_size"}
+        x = build({**rows, "chunk_size": sizes})
+        ms = np.exp(self.booster.predict(x) + base_log_ms(x))
+        if not np.isfinite(ms).all():
+            raise Infeasible("the model predicted a non-finite TTFT for this request")
+        order = np.argsort(ms[: len(chunks)])
+        best = int(order[0])
+        return Decision(
+            chunk_size=chunks[best],
+            predicted_ttft_ms=float(ms[best]),
+            top=[Candidate(chunk_size=chunks[i], predicted_ttft_ms=float(ms[i])) for i in order[:TOP]],
+            rule=Candidate(chunk_size=rule, predicted_ttft_ms=float(ms[list(sizes).index(rule)])),
+            model_version=self.version,
+        )
+
+
+class DecisionCache:
+    """A small LRU over requests (their canonical JSON): repeated shapes of traffic skip the model."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.entries = size, OrderedDict()
+
+    def get(self, key: str) -> Decision | None:
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        return None
+
+    def put(self, key: str, decision: Decision) -> None:
+        self.entries[key] = decision
+        if len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+
+def smoke_request(hardware: dict) -> ChunkRequest:
+    """A request every loaded model must answer before it serves."""
+    hardware_id = next(iter(hardware), None)
+    described = {"hardware_id": hardware_id} if hardware_id else {
+        "matmul_gflops": 100.0, "bandwidth_gbs": 10.0, "call_overhead_ms": 1.0, "cores": 2}
+    return ChunkRequest(context_length=2048, model="llama-tiny", attention={"window": 512}, hardware=described)
+
+
+def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
+    """The registered model behind `name@alias`, as a Booster (LightGBM's text format, never a
+    pickle) plus its hardware table, checked on a smoke request before it may serve."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from chunkpilot.tracking import quiet_mlflow
+
+    with quiet_mlflow():
+        client = MlflowClient(tracking_uri=tracking_uri)
+        version = client.get_model_version_by_alias(name, alias)
+        mlflow.set_tracking_uri(tracking_uri)
+        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}"))
+        model_files = list(local.glob("*.lgb"))
+        if len(model_files) != 1:
+            raise ValueError(f"{name} v{version.version} holds no LightGBM text model (*.lgb)")
+        booster = lgb.Booster(model_file=str(model_files[0]))
+        hardware = json.loads(Path(mlflow.artifacts.download_artifacts(
+            run_id=version.run_id, artifact_path="hardware.json", tracking_uri=tracking_uri)).read_text())
+        run = client.get_run(version.run_id)
+    info = {
+        "name": name, "alias": alias, "version": str(version.version), "run_id": version.run_id,
+        "trained_on_rows": int(run.data.params.get("rows", 0)),
+        "held_out": {k: v for k, v in run.data.metrics.items() if not math.isnan(v)},
+    }
+    predictor = Predictor(str(version.version), booster, hardware, info)
+    predictor.decide(smoke_request(hardware))
+    return predictor

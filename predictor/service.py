@@ -1,0 +1,79 @@
+"""What the service holds: the predictor now serving, its decision cache, and why it is not ready
+(if it is not). Loading and reloading go through one place, which swaps only a model that loaded
+and answered its smoke request."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from .model import Decision, DecisionCache, Predictor, load_predictor
+from .schemas import ChunkRequest
+from .settings import Settings
+
+
+
+class ServiceMetrics:
+    """The service's own Prometheus metrics, in the app's registry (one per app, so tests can
+    build several apps in one process)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter("chunkpilot_decisions", "Chunk-size decisions by chosen size and source",
+                                 ["chunk_size", "source"], registry=registry)
+        self.reloads = Counter("chunkpilot_model_reloads", "Model loads by outcome", ["outcome"], registry=registry)
+        self.model_version = Gauge("chunkpilot_model_version", "Registered model version being served",
+                                   registry=registry)
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    metrics: ServiceMetrics
+    predictor: Predictor | None = None
+    cache: DecisionCache = field(init=False)
+    not_ready: str = "no model loaded yet"
+    last_error: str | None = None  # the last failed load, shown by /readyz even while an old model serves
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.cache = DecisionCache(self.settings.cache_size)
+
+    def load(self, force: bool = False) -> str:
+        """Load name@alias; swap it in if it differs from what serves (or `force`). Returns what happened."""
+        s = self.settings
+        with self._lock:  # one load at a time; requests keep reading the current predictor meanwhile
+            try:
+                loaded = load_predictor(s.tracking_uri, s.model_name, s.model_alias)
+            except Exception as exc:  # any failure leaves the old model serving
+                reason = f"loading {s.model_name}@{s.model_alias} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                self.last_error = reason
+                if self.predictor is None:
+                    self.not_ready = reason
+                self.metrics.reloads.labels("failed").inc()
+                return reason
+            if self.predictor is not None and loaded.version == self.predictor.version and not force:
+                return f"version {loaded.version} already serving"
+            self.predictor, self.cache, self.last_error = loaded, DecisionCache(s.cache_size), None
+            self.not_ready = ""
+            self.metrics.model_version.set(float(loaded.version))
+            self.metrics.reloads.labels("swapped").inc()
+            return f"serving version {loaded.version}"
+
+    def decide(self, request: ChunkRequest) -> tuple[Decision, str]:
+        predictor, cache = self.predictor, self.cache  # one consistent pair, even during a swap
+        key = request.model_dump_json()
+        hit = cache.get(key)
+        if hit is not None and hit.model_version == predictor.version:
+            decision, source = hit, "cache"
+        else:
+            decision, source = predictor.decide(request), "model"
+            cache.put(key, decision)
+        self.metrics.decisions.labels(str(decision.chunk_size), source).inc()
+        return decision, source
+
+    def poll_forever(self, stop: threading.Event) -> None:
+        """Re-check the alias every poll_interval_s until stopped."""
+        while not stop.wait(self.settings.poll_interval_s):
+            self.load()

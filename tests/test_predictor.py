@@ -1,0 +1,257 @@
+"""The predictor service on a real uvicorn server and a real MLflow store, and the engine's `auto`
+policy against it: round trips, validation, fallbacks, the breaker, reloads, fuzzing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
+
+from chunkpilot.config import PRESETS, AttentionConfig, RequestFeatures
+from engine.predictor_client import AutoPolicy, Breaker, InProcessPolicy
+from predictor.app import create_app
+from predictor.settings import Settings
+from servers import free_port, serve
+
+HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
+
+
+def body(**change) -> dict:
+    return {"context_length": 3000, "model": "llama-tiny", "attention": {"window": 512, "layout": "ring"},
+            "threads": 2, "hardware": HARDWARE, **change}
+
+
+def settings(uri: str, **change) -> Settings:
+    return Settings(tracking_uri=uri, poll_interval_s=0, **change)
+
+
+@pytest.fixture(scope="module")
+def server(trained_store):
+    with serve(create_app(settings(trained_store))) as url:
+        yield url
+
+
+def test_round_trip_model_then_cache(server):
+    first = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
+    assert first["source"] == "model" and first["model_version"] == "1"
+    assert first["chunk_size"] <= 512 and first["chunk_size"] == first["top"][0]["chunk_size"]
+    assert [c["predicted_ttft_ms"] for c in first["top"]] == sorted(c["predicted_ttft_ms"] for c in first["top"])
+    assert first["rule"]["chunk_size"] == 512  # the hand rule, cut to the ring's window
+    again = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
+    assert again["source"] == "cache" and again["chunk_size"] == first["chunk_size"]
+    batch = httpx.post(f"{server}/v1/chunk-size/batch", json={"requests": [body(), body(context_length=100)]}).json()
+    assert [r["chunk_size"] <= n for r, n in zip(batch["responses"], (512, 100))] == [True, True]
+    model = httpx.get(f"{server}/v1/model").json()
+    assert model["version"] == "1" and model["alias"] == "champion" and model["trained_on_rows"] > 0
+    assert "mean_regret" in model["held_out"]
+    assert httpx.get(f"{server}/livez").json() == {"status": "alive"}
+    assert httpx.get(f"{server}/readyz").json()["ready"] is True
+    metrics = httpx.get(f"{server}/metrics").text
+    assert 'chunkpilot_decisions_total{chunk_size="' in metrics and "http_request_duration_seconds" in metrics
+    assert "chunkpilot_model_version 1.0" in metrics
+
+
+def test_profiled_hardware_id_and_shape_fields(server, small_dataset):
+    import pandas as pd
+
+    hardware_id = pd.read_parquet(next(small_dataset.rglob("*.parquet"))).hardware_id.iloc[0]
+    shape = {**PRESETS["llama-tiny"].to_dict(), "num_layers": 6}
+    answer = httpx.post(f"{server}/v1/chunk-size", json=body(model=shape, hardware={"hardware_id": hardware_id}))
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"context_length": 0}, "context_length"),
+        ({"context_length": "long"}, "context_length"),
+        ({"threads": 0}, "threads"),
+        ({"dtype": "float8"}, "dtype"),
+        ({"attention": {"window": 0}}, "window"),
+        ({"attention": {"layout": "ring"}}, "need a window"),
+        ({"model": "gpt-5"}, "preset"),
+        ({"hardware": {}}, "hardware_id"),
+        ({"hardware": {"hardware_id": "nope"}}, "was not profiled"),
+        ({"candidates": [1024, 2048]}, "larger than the ring window (512) and the context"),
+        ({"context_length": 100, "attention": {"window": None}, "candidates": [128, 256]}, "larger than the context (100)"),
+        ({"candidates": list(range(1, 100))}, "candidates"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_bodies_get_422_naming_the_field(server, change, expected):
+    response = httpx.post(f"{server}/v1/chunk-size", json=body(**change))
+    assert response.status_code == 422 and expected in response.text, response.text
+
+
+def test_oversized_body_is_refused(server):
+    response = httpx.post(f"{server}/v1/chunk-size", content=b"{" + b" " * 300_000 + b"}",
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 413
+
+
+def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> RequestFeatures:
+    return RequestFeatures(n, PRESETS["llama-tiny"], AttentionConfig(window, layout), "float32", 2, "sdpa")
+
+
+def test_auto_asks_once_per_bucket_then_uses_its_cache(server):
+    policy = AutoPolicy(server, 2.0, HARDWARE)
+    first, second, other = policy.choose(features(3000)), policy.choose(features(3100)), policy.choose(features(8000))
+    assert (first.source, second.source, other.source) == ("service", "cache", "service")
+    assert first.model_version == "1" and first.chunk_size == second.chunk_size
+
+
+def test_engine_prefill_with_auto_records_the_decision(server, engines):
+    from engine.engine import Prompt
+
+    engine = engines("llama-tiny")
+    policy = AutoPolicy(server, 2.0, HARDWARE)
+    result = engine.measure(Prompt(num_tokens=300), AttentionConfig(64, "ring"), policy, repeats=2)
+    sources = [r.decision_source for r in result.runs]
+    assert sources == ["cache", "cache"]  # the warm-up asked the service
+    assert all(r.decision_model_version == "1" and r.chunk_size <= 64 for r in result.runs)
+
+
+def garbage_app(delay_s: float = 0.0, reply: str = "not json") -> FastAPI:
+    """A stand-in server (test-only) that answers slowly or with garbage."""
+    app = FastAPI()
+
+    @app.post("/v1/chunk-size")
+    async def answer(request: Request):
+        import asyncio
+
+        await asyncio.sleep(delay_s)
+        return PlainTextResponse(reply)
+
+    return app
+
+
+@pytest.mark.parametrize(
+    "make_server",
+    [
+        lambda: serve(garbage_app(delay_s=1.0, reply=json.dumps({"chunk_size": 256, "model_version": "1"}))),  # slow
+        lambda: serve(garbage_app(reply="not json")),  # garbage
+        lambda: serve(garbage_app(reply=json.dumps({"chunk_size": 100000, "model_version": "1"}))),  # infeasible
+        lambda: serve(garbage_app(reply=json.dumps({"chunk_size": "big"}))),  # wrong type
+    ],
+)
+def test_fallback_to_the_rule_with_bounded_delay(make_server):
+    with make_server() as url:
+        policy = AutoPolicy(url, 0.05, HARDWARE)
+        t0 = time.perf_counter()
+        decision = policy.choose(features())
+        elapsed = time.perf_counter() - t0
+    assert decision.source == "fallback" and decision.chunk_size == 512
+    assert elapsed < 0.05 + 0.25  # the timeout, plus connection set-up slack
+
+
+def test_breaker_opens_then_closes_after_the_service_returns(trained_store):
+    port = free_port()
+    policy = AutoPolicy(f"http://127.0.0.1:{port}", 0.2, HARDWARE, Breaker(failures=2, cooldown_s=0.5))
+    assert [policy.choose(features(n)).source for n in (1000, 2000)] == ["fallback", "fallback"]
+    assert policy.breaker.is_open
+    t0 = time.perf_counter()
+    assert policy.choose(features(4000)).source == "fallback"  # open: not even asked
+    assert time.perf_counter() - t0 < 0.01
+    with serve(create_app(settings(trained_store)), port=port):
+        time.sleep(0.5)
+        assert policy.choose(features(4000)).source == "service"  # the probe succeeds
+    assert not policy.breaker.is_open
+
+
+def test_in_process_mode_gives_the_same_choice(server, trained_store):
+    over_http = AutoPolicy(server, 2.0, HARDWARE).choose(features())
+    local = InProcessPolicy(trained_store, HARDWARE).choose(features())
+    assert (local.source, local.chunk_size, local.model_version) == ("in-process", over_http.chunk_size, "1")
+
+
+def test_not_ready_without_a_model_then_ready_when_one_appears(tmp_path, small_dataset, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=0.2))) as url:
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 503 and "chunk-size-predictor@champion" in ready.json()["reason"]
+        assert httpx.post(f"{url}/v1/chunk-size", json=body()).status_code == 503
+        from training.train import train
+
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.chdir(tmp_path)
+        train(small_dataset)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/readyz").json()["version"] == "1"  # no restart needed
+
+
+def test_admin_reload_swaps_versions_and_refuses_a_broken_one(tmp_path, small_dataset, monkeypatch):
+    from mlflow import MlflowClient
+
+    from training.train import train
+
+    uri = f"sqlite:///{tmp_path / 'reload.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    train(small_dataset)
+    app = create_app(settings(uri, admin_token="s3cret"))
+    with serve(app) as url:
+        auth = {"authorization": "Bearer s3cret"}
+        assert httpx.post(f"{url}/admin/reload").status_code == 401
+        assert httpx.post(f"{url}/admin/reload", headers={"authorization": "Bearer wrong"}).status_code == 401
+        train(small_dataset, params={"learning_rate": 0.2})  # v2: promoted or not, point champion at it
+        client = MlflowClient(tracking_uri=uri)
+        client.set_registered_model_alias("chunk-size-predictor", "champion", "2")
+        swapped = httpx.post(f"{url}/admin/reload", headers=auth).json()
+        assert swapped["version"] == "2" and httpx.post(f"{url}/v1/chunk-size", json=body()).json()["model_version"] == "2"
+        # v3 with a corrupted model file: refused, v2 keeps serving, /readyz says why
+        train(small_dataset, params={"learning_rate": 0.3})
+        stored = client.get_model_version_download_uri("chunk-size-predictor", "3").removeprefix("file://")
+        (Path(stored) / "model.lgb").write_text("not a lightgbm model")
+        client.set_registered_model_alias("chunk-size-predictor", "champion", "3")
+        refused = httpx.post(f"{url}/admin/reload", headers=auth).json()
+        assert refused["version"] == "2" and "failed" in refused["last_reload_error"]
+        ready = httpx.get(f"{url}/readyz").json()
+        assert ready["ready"] and ready["version"] == "2" and "failed" in ready["last_reload_error"]
+    assert "/admin/reload" not in {r.path for r in create_app(settings(uri)).routes}  # no token: no route
+
+
+def test_service_process_never_imports_torch_or_transformers(trained_store):
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, "tests")
+        import httpx
+        from servers import serve
+        from predictor.app import create_app
+        from predictor.settings import Settings
+        with serve(create_app(Settings(tracking_uri={trained_store!r}, poll_interval_s=0))) as url:
+            status = httpx.post(url + "/v1/chunk-size", json={json.dumps(body())}).status_code
+        print(json.dumps({{"status": status, "heavy": sorted({{"torch", "transformers"}} & set(sys.modules))}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"status": 200, "heavy": []}
+
+
+def test_schemathesis_finds_no_server_errors(server):
+    import schemathesis
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hypothesis_settings
+
+    schema = schemathesis.openapi.from_url(f"{server}/openapi.json")
+    failures = []
+    for operation in schema.get_all_operations():
+        op = operation.ok()
+
+        @hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(case=op.as_strategy())
+        def check(case):
+            response = case.call()
+            if response.status_code >= 500:
+                failures.append((case.method, case.path, response.status_code, response.text[:200]))
+
+        check()
+    assert not failures, failures[:3]
