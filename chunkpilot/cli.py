@@ -19,8 +19,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # each part's module adds its own arguments and imports torch only inside its `run`
+    from chunkpilot import demo
     from engine import cli as engine_cli
-    from engine import demo
     from predictor import cli as predictor_cli
     from profiler import cli as profiler_cli
     from training import cli as training_cli

@@ -193,3 +193,20 @@ class RequestFeatures:
 def max_chunk(context_length: int, window: int | None, layout: str) -> int:
     """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
     return min(context_length, window) if layout == "ring" and window else context_length
+
+
+def feasible_chunks(
+    sizes: tuple[int | str, ...], context_length: int, window: int | None, layout: str
+) -> tuple[list[int], list[str]]:
+    """(the sizes a config can run, sorted, `full` being the context; a reason for each other)."""
+    chosen: list[int] = []
+    skipped: list[str] = []
+    for size in sizes:
+        chunk = context_length if size == "full" else int(size)
+        if chunk > context_length:
+            skipped.append(f"{size}: larger than the context ({context_length})")
+        elif layout == "ring" and window and chunk > window:
+            skipped.append(f"{size}: ring layout needs chunk <= window ({window})")
+        elif chunk not in chosen:
+            chosen.append(chunk)
+    return sorted(chosen), skipped

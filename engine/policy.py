@@ -26,9 +26,12 @@ class ChunkPolicy(Protocol):
 @dataclass(frozen=True)
 class FixedPolicy:
     size: int
+    capped: bool = False  # cut to what the config allows (ring: the window) instead of refusing
     name: str = "fixed"
 
     def choose(self, request: RequestFeatures) -> Decision:
+        if self.capped:
+            return Decision(min(self.size, request.max_chunk), "fixed")
         request.attention.check_chunk(self.size)
         return Decision(self.size, "fixed")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightgbm as lgb
 import numpy as np
 
-from chunkpilot.config import DEFAULT_CHUNKS, PRESETS, ConfigError, ModelShape, hand_rule, max_chunk
+from chunkpilot.config import DEFAULT_CHUNKS, PRESETS, ConfigError, ModelShape, feasible_chunks, hand_rule, max_chunk
 
 from .features import INPUT_COLUMNS, base_log_ms, build
 from .schemas import Candidate, ChunkRequest, Hardware
@@ -61,10 +61,10 @@ class Predictor:
 
     def candidates(self, request: ChunkRequest) -> list[int]:
         n, att = request.context_length, request.attention
-        limit = max_chunk(n, att.window, att.layout)
-        asked = request.candidates or [n if c == "full" else int(c) for c in DEFAULT_CHUNKS]
-        chosen = sorted({c for c in asked if c <= limit})
+        asked = tuple(request.candidates or DEFAULT_CHUNKS)
+        chosen, _ = feasible_chunks(asked, n, att.window, att.layout)
         if not chosen:
+            limit = max_chunk(n, att.window, att.layout)
             why = f"the context ({n})" if limit == n else f"the ring window ({att.window}) and the context ({n})"
             raise Infeasible(f"candidates: every candidate {sorted(set(asked))} is larger than {why}")
         return chosen

@@ -13,7 +13,9 @@ from typing import Any
 
 import yaml
 
-from chunkpilot.config import ATTN_IMPLS, DEFAULT_CHUNKS, DTYPES, AttentionConfig, ConfigError, check_choice, check_int
+from chunkpilot.config import (
+    ATTN_IMPLS, DEFAULT_CHUNKS, DTYPES, AttentionConfig, ConfigError, check_choice, check_int, feasible_chunks,
+)
 
 
 @dataclass(frozen=True)
@@ -42,17 +44,7 @@ class ProfileConfig:
 
     def candidates(self, sizes: tuple[int | str, ...]) -> tuple[list[int], list[str]]:
         """(feasible chunk sizes, reasons for the others). `full` is the context length itself."""
-        chosen: list[int] = []
-        skipped: list[str] = []
-        for size in sizes:
-            chunk = self.context_length if size == "full" else int(size)
-            if chunk > self.context_length:
-                skipped.append(f"{size}: larger than the context ({self.context_length})")
-            elif self.layout == "ring" and chunk > self.window:
-                skipped.append(f"{size}: ring layout needs chunk <= window ({self.window})")
-            elif chunk not in chosen:
-                chosen.append(chunk)
-        return sorted(chosen), skipped
+        return feasible_chunks(sizes, self.context_length, self.window, self.layout)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

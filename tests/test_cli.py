@@ -140,9 +140,3 @@ def test_console_script_in_a_fresh_process():
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunk_size" in bad.stderr
 
-
-def test_demo_prints_one_row_per_length_attention_and_policy(capsys):
-    assert main(["demo", "--model", "llama-tiny", "--lengths", "64,200", "--window", "32", "--repeats", "1"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
-    assert [(r[0], r[-7]) for r in rows] == [(n, p) for n in ("64", "200") for p in ("full", "rule") * 2]
-    assert all(float(r[-1]) >= float(r[-3]) > 0 for r in rows)  # TTFT >= prefill

@@ -255,3 +255,15 @@ def test_schemathesis_finds_no_server_errors(server):
 
         check()
     assert not failures, failures[:3]
+
+
+def test_demo_comparison_table(server):
+    from chunkpilot.demo import compare
+
+    prompts = [(200, None, "shift", 0), (300, 64, "ring", 4)]
+    table = compare("llama-tiny", server, repeats=1, prompts=prompts)
+    lines = table.splitlines()
+    assert lines[0].split()[:4] == ["prompt", "auto", "fixed", "1024"]
+    assert lines[1].startswith("200 tok, no window") and lines[2].startswith("300 tok, w64 ring s4")
+    assert lines[3].startswith("total TTFT") and lines[4].startswith("mean regret vs best")
+    assert "auto's decisions came from: cache" in lines[5]  # the warm-up asked the service once per bucket

@@ -104,9 +104,11 @@ def train(data: Path, experiment: str = "chunk-size", params: dict | None = None
             importance = dict(zip(FEATURES, booster.feature_importance("gain").round(1).tolist()))
             mlflow.log_dict(dict(sorted(importance.items(), key=lambda kv: -kv[1])), "feature_importance.json")
             mlflow.log_dict(hardware_table(table.rows), "hardware.json")
-            mlflow.log_figure(plots.regret_cdf(frames), "regret_cdf.png")
-            mlflow.log_figure(plots.predicted_vs_measured(predictions), "predicted_vs_measured.png")
-            mlflow.log_figure(plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png")
+            for figure, name in ((plots.regret_cdf(frames), "regret_cdf.png"),
+                                 (plots.predicted_vs_measured(predictions), "predicted_vs_measured.png"),
+                                 (plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png")):
+                mlflow.log_figure(figure, name)
+                plots.plt.close(figure)
             _log_dataset(table, data)
             example = pd.DataFrame(table.x[:3], columns=list(FEATURES))
             signature = mlflow.models.infer_signature(example, booster.predict(table.x[:3]))
