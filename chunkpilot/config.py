@@ -7,6 +7,7 @@ transformers (the prediction service must stay small).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +42,17 @@ def check_int(field: str, value: Any, low: int, high: int | None = None) -> int:
     if number is None or number < low or (high is not None and number > high):
         allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
         raise ConfigError(field, f"must be {allowed}, got {value!r}")
+    return number
+
+
+def check_float(field: str, value: Any, low: float, high: float) -> float:
+    """`value` as a number in (low, high], else a ConfigError naming the field and the range."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not low < number <= high:  # NaN fails too
+        raise ConfigError(field, f"must be a number in ({low:g}, {high:g}]; got {value!r}")
     return number
 
 

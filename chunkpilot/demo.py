@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from chunkpilot.config import DEFAULT_CHUNKS, AttentionConfig, ConfigError, check_int, feasible_chunks
+from chunkpilot.config import DEFAULT_CHUNKS, AttentionConfig, check_float, check_int, feasible_chunks
 
 HELP = "the main job: profile briefly, train, serve, and compare auto vs fixed 1024 vs the hand rule"
 # (tokens, window, layout, sinks): lengths and attention set-ups not in the demo's own profile grid
@@ -62,12 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from profiler.store import read_dataset
     from training.train import format_result, train
 
-    try:
-        minutes = float(args.profile_minutes)
-    except ValueError:
-        minutes = -1.0
-    if not 0 < minutes <= 60:
-        raise ConfigError("profile_minutes", f"must be a number of minutes in (0, 60]; got {args.profile_minutes!r}")
+    minutes = check_float("profile_minutes", args.profile_minutes, 0, 60)
     repeats = check_int("repeats", args.repeats, 1, 20)
     start = time.monotonic()
     spec = Spec.from_file(args.spec)

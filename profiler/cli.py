@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from chunkpilot.config import ConfigError, check_int
+from chunkpilot.config import check_float, check_int
 
 HELP = "measure TTFT for every chunk size over a spec's configs (resumable)"
 
@@ -26,14 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from .spec import Spec
 
     spec = Spec.from_file(args.spec)
-    budget = None
-    if args.budget_minutes is not None:
-        try:
-            budget = float(args.budget_minutes)
-        except ValueError:
-            budget = -1.0
-        if not 0 < budget <= 7 * 24 * 60:
-            raise ConfigError("budget_minutes", f"must be a number of minutes in (0, 10080]; got {args.budget_minutes!r}")
+    budget = None if args.budget_minutes is None else check_float("budget_minutes", args.budget_minutes, 0, 7 * 24 * 60)
     if args.check_repro:
         from .repro import check_reproducibility, format_repro
 

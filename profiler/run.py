@@ -14,7 +14,7 @@ import pandas as pd
 
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
-from .store import finished_keys, read_dataset, write_config
+from .store import finished_keys, write_config
 from .worker import Worker, WorkerError
 
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from chunkpilot.cli import main
 from chunkpilot.config import PRESETS

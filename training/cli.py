@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from chunkpilot.config import ConfigError, check_int
+from chunkpilot.config import check_float, check_int
 
 HELP = "train the chunk-size model, log it and its baselines to MLflow, register a champion"
 
@@ -25,13 +25,7 @@ def run(args: argparse.Namespace) -> int:
     if args.num_leaves is not None:
         params["num_leaves"] = check_int("num_leaves", args.num_leaves, 2, 100_000)
     if args.learning_rate is not None:
-        try:
-            rate = float(args.learning_rate)
-        except ValueError:
-            rate = -1.0
-        if not 0 < rate <= 1:
-            raise ConfigError("learning_rate", f"must be a number in (0, 1]; got {args.learning_rate!r}")
-        params["learning_rate"] = rate
+        params["learning_rate"] = check_float("learning_rate", args.learning_rate, 0, 1)
 
     from .train import format_result, train
 
