@@ -9,10 +9,8 @@ clients (keep-alive, one connection each). Needs a champion in the MLflow store:
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
+from chunkpilot.demo import start_service, wait_ready  # noqa: E402
 from chunkpilot.tracking import tracking_uri  # noqa: E402
 from predictor.model import DecisionCache, load_predictor  # noqa: E402
 from predictor.schemas import ChunkRequest  # noqa: E402
@@ -96,17 +95,10 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "CHUNKPILOT_TRACKING_URI": tracking_uri(), "CHUNKPILOT_POLL_INTERVAL_S": "0"}
-    server = subprocess.Popen([sys.executable, "-m", "chunkpilot.cli", "serve", "--port", str(port)], env=env)
+    server = start_service(port)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_ready(url, server)
         over_http(url, 1, 200)  # warm-up
         for clients in (1, 8, 32):
             over_http(url, clients, max(args.requests // clients, 20))

@@ -33,14 +33,14 @@ def _step(n: int, text: str, start: float) -> None:
     print(f"\n[{n}/5 at {time.monotonic() - start:.0f} s] {text}", flush=True)
 
 
-def _start_service(port: int) -> subprocess.Popen:
+def start_service(port: int) -> subprocess.Popen:
     from chunkpilot.tracking import tracking_uri
 
     env = {**os.environ, "CHUNKPILOT_TRACKING_URI": tracking_uri(), "CHUNKPILOT_POLL_INTERVAL_S": "0"}
     return subprocess.Popen([sys.executable, "-m", "chunkpilot.cli", "serve", "--port", str(port)], env=env)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
     import httpx
 
     deadline = time.monotonic() + seconds
@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     _step(3, f"starting the service (chunkpilot serve) on {url}", start)
-    service = _start_service(port)
+    service = start_service(port)
     try:
-        _wait_ready(url, service)
+        wait_ready(url, service)
         _step(4, f"{args.model}: {len(PROMPTS)} prompts x (auto, fixed 1024, hand rule, every chunk size), "
                  f"{repeats} interleaved repeats after a warm-up", start)
         table = compare(args.model, url, repeats)
