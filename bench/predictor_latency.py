@@ -1,9 +1,11 @@
 """Decision latency of the predictor: in-process (the model alone, and through the LRU cache) and
 over HTTP against a real `chunkpilot serve` process on loopback with 1, 8 and 32 concurrent
-clients (keep-alive, one connection each). Needs a champion in the MLflow store: run
+clients (keep-alive, one connection each), back to back (saturation) and paced (each client one
+request per --every-ms, like engines asking before each prefill). The clients run in this
+process, on the same cores as the server. Needs a champion in the MLflow store: run
 `chunkpilot train` (or `make demo`) first.
 
-    .venv/bin/python bench/predictor_latency.py [--requests 2000]
+    .venv/bin/python bench/predictor_latency.py [--requests 2000] [--every-ms 50]
 """
 
 from __future__ import annotations
@@ -62,14 +64,19 @@ def in_process(n: int) -> None:
     print(f"in-process, through the LRU cache  {percentiles(times[len(requests):])}  (cache hits)")
 
 
-def over_http(url: str, clients: int, per_client: int) -> None:
+def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0) -> None:
+    """`clients` threads, one keep-alive connection each. every_ms 0: back to back (saturation,
+    latency = clients / throughput); else each client asks on a fixed schedule, as an engine
+    asking once before each prefill does."""
     times: list[float] = []
     lock = threading.Lock()
 
     def client(k: int) -> None:
         mine = []
         with httpx.Client(base_url=url, timeout=5) as http:
+            start = time.perf_counter() + k * every_ms / clients / 1e3  # spread the schedules
             for i in range(per_client):
+                time.sleep(max(0.0, start + i * every_ms / 1e3 - time.perf_counter()))
                 t0 = time.perf_counter()
                 response = http.post("/v1/chunk-size", json=body(k * per_client + i))
                 mine.append((time.perf_counter() - t0) * 1e3)
@@ -84,12 +91,14 @@ def over_http(url: str, clients: int, per_client: int) -> None:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    print(f"HTTP, {clients:>2} concurrent clients          {percentiles(times)}   {len(times) / wall:6.0f} req/s")
+    mode = f"one request per {every_ms:g} ms each" if every_ms else "back to back"
+    print(f"HTTP, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--every-ms", type=float, default=50.0, help="paced clients: one request per this many ms")
     args = parser.parse_args()
     in_process(args.requests)
     with socket.socket() as s:
@@ -102,6 +111,8 @@ def main() -> None:
         over_http(url, 1, 200)  # warm-up
         for clients in (1, 8, 32):
             over_http(url, clients, max(args.requests // clients, 20))
+        for clients in (8, 32):
+            over_http(url, clients, max(args.requests // clients, 20), every_ms=args.every_ms)
     finally:
         server.terminate()
         server.wait(timeout=20)

@@ -33,10 +33,12 @@ def _step(n: int, text: str, start: float) -> None:
     print(f"\n[{n}/5 at {time.monotonic() - start:.0f} s] {text}", flush=True)
 
 
-def start_service(port: int) -> subprocess.Popen:
+def start_service(port: int, **settings: object) -> subprocess.Popen:
+    """`chunkpilot serve` in a new process; `settings` become its CHUNKPILOT_* environment."""
     from chunkpilot.tracking import tracking_uri
 
-    env = {**os.environ, "CHUNKPILOT_TRACKING_URI": tracking_uri(), "CHUNKPILOT_POLL_INTERVAL_S": "0"}
+    settings = {"tracking_uri": tracking_uri(), "poll_interval_s": 0, **settings}
+    env = {**os.environ, **{f"CHUNKPILOT_{k.upper()}": str(v) for k, v in settings.items()}}
     return subprocess.Popen([sys.executable, "-m", "chunkpilot.cli", "serve", "--port", str(port)], env=env)
 
 
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         wait_ready(url, service)
         _step(4, f"{args.model}: {len(PROMPTS)} prompts x (auto, fixed 1024, hand rule, every chunk size), "
                  f"{repeats} interleaved repeats after a warm-up", start)
-        table = compare(args.model, url, repeats)
+        table = compare_with_service(args.model, url, repeats)
     finally:
         service.terminate()
         service.wait(timeout=20)
@@ -95,15 +97,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare(model: str, url: str, repeats: int, prompts: list[tuple] = PROMPTS) -> str:
-    """Measure every prompt under each policy and every feasible chunk size, interleaved."""
-    from engine.engine import Engine, EngineConfig, Prompt
+def compare_with_service(model: str, url: str, repeats: int, prompts: list[tuple] = PROMPTS) -> str:
+    """The demo's comparison: `auto` asking the service, fixed 1024 and the hand rule."""
+    from engine.engine import Engine, EngineConfig
     from engine.policy import FixedPolicy, RulePolicy
     from engine.predictor_client import AutoPolicy, local_hardware
 
     engine = Engine(EngineConfig(model=model))
     auto = AutoPolicy(url, 0.05, local_hardware(dtype="float32", threads=engine.runtime.threads))
-    policies = {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy()}
+    try:
+        return compare(engine, {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy()},
+                       repeats, prompts)
+    finally:
+        auto.close()
+
+
+def compare(engine, policies: dict, repeats: int, prompts: list[tuple]) -> str:
+    """Measure every prompt under each policy and every feasible chunk size, interleaved; a policy
+    a prompt cannot run (one shot on a ring longer than its window) gets no cell."""
+    from chunkpilot.config import ConfigError
+    from engine.engine import Prompt
+    from engine.policy import FixedPolicy
+
     runs: dict[tuple, list] = {}
     texts = {n: engine.prompt_text(Prompt(num_tokens=n)) for n, *_ in prompts}
     for repeat in range(repeats + 1):  # pass 0 is the warm-up
@@ -112,33 +127,36 @@ def compare(model: str, url: str, repeats: int, prompts: list[tuple] = PROMPTS) 
             sweep, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
             contenders = {**policies, **{c: FixedPolicy(c) for c in sweep}}
             for name, policy in contenders.items():
-                result = engine.run(texts[n], n, attention, policy)
+                try:
+                    result = engine.run(texts[n], n, attention, policy)
+                except ConfigError:
+                    continue
                 if repeat:
                     runs.setdefault((n, window, layout, sinks, name), []).append(result)
-    auto.close()
     return format_table(runs, list(policies), prompts)
 
 
 def format_table(runs: dict[tuple, list], policies: list[str], prompts: list[tuple]) -> str:
+    """Per prompt: each policy's chunk size, median TTFT and regret against the measured best
+    (the fastest size of the sweep); totals over the prompts every policy could run."""
     lines = [f"{'prompt':<28}" + "".join(f"{p:>22}" for p in policies) + f"{'measured best':>22}"]
-    totals = {p: 0.0 for p in [*policies, "best"]}
-    regrets: dict[str, list[float]] = {p: [] for p in policies}
+    medians: list[dict] = []
     for n, window, layout, sinks in prompts:
-        key = (n, window, layout, sinks)
-        median = {name: statistics.median(r.ttft_ms for r in results) for (*k, name), results in runs.items() if tuple(k) == key}
-        chunk = {name: results[0].chunk_size for (*k, name), results in runs.items() if tuple(k) == key}
-        best_name = min((m for m in median if isinstance(m, int)), key=median.get)
+        mine = {name: results for (*k, name), results in runs.items() if tuple(k) == (n, window, layout, sinks)}
+        median = {name: statistics.median(r.ttft_ms for r in results) for name, results in mine.items()}
+        best = min((m for m in median if isinstance(m, int)), key=median.get)
+        median["best"] = median[best]
+        medians.append(median)
         label = f"{n} tok, " + ("no window" if window is None else f"w{window} {layout}" + (f" s{sinks}" if sinks else ""))
-        cells = []
-        for p in policies:
-            regret = median[p] / median[best_name] - 1
-            regrets[p].append(regret)
-            totals[p] += median[p]
-            cells.append(f"{chunk[p]:>5} {median[p]:>7.0f}ms {regret:>+5.0%}")
-        totals["best"] += median[best_name]
-        lines.append(f"{label:<28}" + "".join(f"{c:>22}" for c in cells) + f"{best_name:>5} {median[best_name]:>7.0f}ms      ")
-    lines.append(f"{'total TTFT':<28}" + "".join(f"{totals[p]:>19.0f}ms " for p in policies) + f"{totals['best']:>19.0f}ms ")
-    lines.append(f"{'mean regret vs best':<28}" + "".join(f"{statistics.fmean(regrets[p]):>21.1%} " for p in policies))
+        cells = [f"{mine[p][0].chunk_size:>5} {median[p]:>7.0f}ms {median[p] / median[best] - 1:>+5.0%}"
+                 if p in median else "n/a" for p in policies]
+        lines.append(f"{label:<28}" + "".join(f"{c:>22}" for c in cells) + f"{best:>5} {median[best]:>7.0f}ms      ")
+    common = [m for m in medians if all(p in m for p in policies)]
+    totals = [sum(m[p] for m in common) for p in [*policies, "best"]]
+    regrets = [statistics.fmean(m[p] / m["best"] - 1 for m in medians if p in m) for p in policies]
+    lines.append(f"{f'total TTFT ({len(common)} prompts)':<28}" + "".join(f"{t:>19.0f}ms " for t in totals))
+    lines.append(f"{'mean regret vs best':<28}" + "".join(f"{r:>21.1%} " for r in regrets))
     sources = {r.decision_source for (*_, name), results in runs.items() if name == "auto" for r in results}
-    lines.append(f"cells: chunk size, median TTFT, regret against the measured best; auto's decisions came from: {', '.join(sorted(sources))}")
+    lines.append("cells: chunk size, median TTFT, regret against the measured best"
+                 + (f"; auto's decisions came from: {', '.join(sorted(sources))}" if sources else ""))
     return "\n".join(lines)

@@ -3,6 +3,7 @@ take microseconds), Prometheus metrics, readiness, and an admin reload behind a 
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from contextlib import asynccontextmanager
@@ -76,6 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(settings.store_timeout_s)
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(settings.store_retries)
         await run_in_threadpool(state.load)
         stop = threading.Event()
         if settings.poll_interval_s > 0:  # also how a service that started without a model becomes ready

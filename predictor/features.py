@@ -57,13 +57,18 @@ def history_sum(n: np.ndarray, c: np.ndarray, window: np.ndarray) -> np.ndarray:
     return c * below * (below - 1) / 2 + np.where(np.isinf(window), 0.0, window) * (m - below)
 
 
-def build(rows: Mapping[str, np.ndarray | list]) -> np.ndarray:
-    """[rows, len(FEATURES)] float64 from columns named in INPUT_COLUMNS (window 0: none)."""
+def _codes(values: np.ndarray, table: dict[str, int]) -> np.ndarray:
+    return np.array([table[v] for v in values.ravel()], dtype=np.float64).reshape(values.shape)
+
+
+def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
+    """[rows, len(FEATURES)] float64 from columns named in INPUT_COLUMNS (window 0: none). A column
+    may be a scalar shared by every row: the service passes one config and many chunk sizes."""
     col = {name: np.asarray(rows[name]) for name in INPUT_COLUMNS}
-    f = {name: col[name].astype(np.float64) for name in INPUT_COLUMNS if col[name].dtype.kind in "iuf"}
+    f = {name: v.astype(np.float64) for name, v in col.items() if v.dtype.kind in "iufb"}
     n, c = f["context_length"], np.minimum(f["chunk_size"], f["context_length"])
     layers, heads, kv, hd = f["num_layers"], f["num_heads"], f["num_kv_heads"], f["head_dim"]
-    dtype_bytes = np.array([DTYPE_BYTES[d] for d in col["dtype"]], dtype=np.float64)
+    dtype_bytes = _codes(col["dtype"], DTYPE_BYTES)
     has_window = f["window"] > 0
     window = np.where(has_window, f["window"], np.inf)
     every = f["global_every"]
@@ -73,7 +78,7 @@ def build(rows: Mapping[str, np.ndarray | list]) -> np.ndarray:
     m = np.ceil(n / c)
     d, ff = f["hidden_size"], f["intermediate_size"]
     linear = 2 * n * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
-    attention = 4 * heads * hd * (local_layers * _keys_sum(n, c, window) + global_layers * _keys_sum(n, c, np.full_like(n, np.inf)))
+    attention = 4 * heads * hd * (local_layers * _keys_sum(n, c, window) + global_layers * _keys_sum(n, c, np.inf))
     kept = np.where(has_window, np.minimum(n, window + f["sinks"]), n)
     kv_bytes = 2 * layers * kv * hd * kept * dtype_bytes
     keys_last = np.minimum(n, np.where(has_window, window, n) + c)
@@ -82,11 +87,10 @@ def build(rows: Mapping[str, np.ndarray | list]) -> np.ndarray:
     out = {
         "context_length": n, "chunk_size": c, "num_chunks": m, "last_chunk": n - (m - 1) * c,
         "chunk_over_context": c / n, "window": np.where(has_window, f["window"], 0.0), "has_window": has_window,
-        "layout": np.array([LAYOUT_CODES[x] for x in col["layout"]], dtype=np.float64), "sinks": f["sinks"],
-        "local_fraction": local_layers / layers,
+        "layout": _codes(col["layout"], LAYOUT_CODES), "sinks": f["sinks"], "local_fraction": local_layers / layers,
         "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
         "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
-        "dtype_bytes": dtype_bytes, "attn_impl": np.array([ATTN_CODES[x] for x in col["attn_impl"]], dtype=np.float64),
+        "dtype_bytes": dtype_bytes, "attn_impl": _codes(col["attn_impl"], ATTN_CODES),
         "threads": f["threads"], "matmul_gflops": gflops, "bandwidth_gbs": f["bandwidth_gbs"],
         "call_overhead_ms": f["call_overhead_ms"], "cores": f["cores"],
         "l2_cache_mib": f["l2_cache_bytes"] / 2**20, "l3_cache_mib": f["l3_cache_bytes"] / 2**20,
@@ -94,7 +98,10 @@ def build(rows: Mapping[str, np.ndarray | list]) -> np.ndarray:
         "chunk_score_mib": score_bytes / 2**20, "compute_ms": (linear + attention) / (gflops * 1e9) * 1e3,
         "overhead_ms": (m + 1) * layers * f["call_overhead_ms"],
     }
-    return np.column_stack([np.broadcast_to(out[name], n.shape).astype(np.float64) for name in FEATURES])
+    x = np.empty((int(np.prod(np.broadcast_shapes(*(v.shape for v in col.values())))), len(FEATURES)))
+    for j, name in enumerate(FEATURES):
+        x[:, j] = out[name]  # scalars and shared columns broadcast
+    return x
 
 
 def base_log_ms(x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 
 from chunkpilot.config import DEFAULT_CHUNKS, PRESETS, ConfigError, ModelShape, feasible_chunks, hand_rule, max_chunk
 
-from .features import INPUT_COLUMNS, base_log_ms, build
+from .features import base_log_ms, build
 from .schemas import Candidate, ChunkRequest, Hardware
 
 TOP = 5  # candidates returned with their predictions
@@ -66,7 +66,8 @@ class Predictor:
         if not chosen:
             limit = max_chunk(n, att.window, att.layout)
             why = f"the context ({n})" if limit == n else f"the ring window ({att.window}) and the context ({n})"
-            raise Infeasible(f"candidates: every candidate {sorted(set(asked))} is larger than {why}")
+            sizes = ", ".join(str(size) for size in asked)  # "full" sits among the numbers
+            raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}")
         return chosen
 
     def decide(self, request: ChunkRequest) -> Decision:
@@ -88,9 +89,9 @@ class Predictor:
             "attn_impl": request.attn_impl, **{k: hw.get(k, 0) for k in ("matmul_gflops", "bandwidth_gbs",
                                                                         "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes")},
         }
-        rows = {name: [constant[name]] * len(sizes) for name in INPUT_COLUMNS if name != "chunk_size"}
-        x = build({**rows, "chunk_size": sizes})
-        ms = np.exp(self.booster.predict(x) + base_log_ms(x))
+        x = build({**constant, "chunk_size": sizes})  # one config, one row per candidate
+        # one thread: a dozen rows gain nothing from OpenMP, whose spinning stalls on a busy machine
+        ms = np.exp(self.booster.predict(x, num_threads=1) + base_log_ms(x))
         if not np.isfinite(ms).all():
             raise Infeasible("the model predicted a non-finite TTFT for this request")
         order = np.argsort(ms[: len(chunks)])

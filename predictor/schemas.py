@@ -49,9 +49,9 @@ class Hardware(Strict):
     """A machine already profiled (hardware_id), or its descriptors."""
 
     hardware_id: str | None = Field(default=None, min_length=1, max_length=64)
-    matmul_gflops: float | None = Field(default=None, gt=0, le=1e7)
-    bandwidth_gbs: float | None = Field(default=None, gt=0, le=1e5)
-    call_overhead_ms: float | None = Field(default=None, gt=0, le=1e4)
+    matmul_gflops: float | None = Field(default=None, ge=0.01, le=1e7)
+    bandwidth_gbs: float | None = Field(default=None, ge=0.01, le=1e5)
+    call_overhead_ms: float | None = Field(default=None, ge=1e-4, le=1e4)
     cores: int | None = Field(default=None, ge=1, le=1 << 16)
     l2_cache_bytes: int = Field(default=0, ge=0, le=1 << 40)
     l3_cache_bytes: int = Field(default=0, ge=0, le=1 << 40)

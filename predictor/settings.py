@@ -18,3 +18,6 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(default=None, description="bearer token of /admin/reload; unset: route off")
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     cache_size: int = Field(default=4096, ge=0)
+    # an unreachable tracking server must fail a load fast (MLflow's own default retries for minutes)
+    store_timeout_s: int = Field(default=5, ge=1, le=600, description="MLflow HTTP request timeout")
+    store_retries: int = Field(default=0, ge=0, le=10, description="MLflow HTTP retries per request")

@@ -1,8 +1,10 @@
-"""Real servers for tests: uvicorn on a free loopback port, in a thread, stopped on exit."""
+"""Real servers for tests: uvicorn on a free loopback port, in a thread or as a `chunkpilot serve`
+process, stopped on exit."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -34,3 +36,72 @@ def serve(app, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def serve_process(port: int | None = None, **settings: object) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`chunkpilot serve` in its own process (CHUNKPILOT_* settings from keyword arguments);
+    yields (base URL, process) once it listens; stopped on exit. Readiness is the test's business."""
+    import httpx
+
+    from chunkpilot.demo import start_service
+
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_service(port, **settings)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"{url}/livez", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"chunkpilot serve did not start (exit code {proc.poll()})") from None
+                time.sleep(0.1)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_until(check, seconds: float = 30, every: float = 0.1) -> bool:
+    """Poll `check()` until it is true or `seconds` pass; returns its last value."""
+    deadline = time.monotonic() + seconds
+    while not (ok := check()) and time.monotonic() < deadline:
+        time.sleep(every)
+    return ok
+
+
+@contextmanager
+def mlflow_server(backend_uri: str, artifacts: str | None = None, port: int | None = None) -> Iterator[str]:
+    """A real `mlflow server` on a loopback port over `backend_uri`; yields its URL once healthy."""
+    import sys
+
+    import httpx
+
+    port = port or free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+               "--backend-store-uri", backend_uri, "--workers", "1"]
+    if artifacts is not None:
+        command += ["--artifacts-destination", artifacts]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        if not wait_until(healthy, seconds=90, every=0.5):
+            raise RuntimeError("mlflow server did not start within 90 s")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

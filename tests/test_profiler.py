@@ -176,19 +176,34 @@ def test_tiny_spec_runs_and_logs_to_mlflow(tmp_path, mlflow_store, capsys):
     assert "0 configs measured" in capsys.readouterr().out and len(read_dataset(out / "tiny")) == len(df)
 
 
-def test_killed_sweep_resumes_exactly(tmp_path):
-    spec_dict = {**TINY, "name": "killme", "repeats": 1, "sweeps": [{**TINY["sweeps"][0], "contexts": [24, 40, 56, 72]}]}
+def test_sweep_killed_at_random_moments_resumes_exactly(tmp_path):
+    """SIGKILL (parent and worker) at five random moments, some mid-write: every file left is
+    readable, and the resumed sweep has exactly the spec's rows, none twice."""
+    import random
+
+    spec_dict = {**TINY, "name": "killme", "repeats": 1, "sweeps": [{**TINY["sweeps"][0], "contexts": [24, 32, 40, 48, 56, 72]}]}
     spec = write_spec(tmp_path, spec_dict)
     out = tmp_path / "ttft"
     cmd = [sys.executable, "-m", "chunkpilot.cli", "profile", "--spec", str(spec), "--out", str(out), "--no-mlflow"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for kill_after in (1, 3):  # kill -9 once the sweep has written this many configs
+    moments = random.Random(7)
+
+    def finished() -> int:  # counted without finished_keys, which would clear the writer's temporaries
+        return sum(1 for f in (out / "killme").glob("*.parquet") if not f.name.startswith(".tmp-"))
+
+    for _ in range(5):
+        before = finished()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while len(finished_keys(out / "killme")) < kill_after and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)  # the parent and its worker, mid-sweep
+        deadline = time.monotonic() + 120  # wait for the first new row, then a random extra moment
+        while proc.poll() is None and time.monotonic() < deadline:
+            if finished() > before:
+                break
+            time.sleep(0.01)
+        time.sleep(moments.uniform(0, 0.5))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        read_dataset(out / "killme")  # every finished file reads back and validates
     subprocess.run(cmd + ["--resume"], env=env, check=True, capture_output=True)
     df = read_dataset(out / "killme")
     expected = {c.key for c in Spec.from_dict(spec_dict).configs}

@@ -4,19 +4,15 @@ gate keeps a better champion; training works against a real `mlflow server`."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import time
 
-import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import servers
 
 from chunkpilot.cli import main
 from training.data import load_table
 from training.policies import TTFTRegressor, baselines
-from servers import free_port
 from training.registry import MODEL_NAME, judge
 
 
@@ -56,6 +52,7 @@ def test_bad_datasets_are_refused_in_one_line(tmp_path, small_dataset, capsys, s
     (broken / files[0].name).write_bytes(b"not parquet at all")
     assert "not a readable Parquet file" in one_line_error(capsys, ["train", "--data", str(broken)])
     assert "n_estimators" in one_line_error(capsys, ["train", "--data", str(small_dataset), "--n-estimators", "0"])
+    assert "search_minutes" in one_line_error(capsys, ["train", "--data", str(small_dataset), "--search-minutes", "-1"])
 
 
 def test_every_policy_chooses_a_measured_feasible_chunk(small_dataset):
@@ -122,28 +119,8 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    """A real `mlflow server` on a free loopback port, stopped after the test."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "artifacts"),
-         "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not start within 90 s")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+    with servers.mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts")) as url:
+        yield url
 
 
 def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, monkeypatch, tmp_path, capsys):
@@ -159,3 +136,15 @@ def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, mon
     booster = mlflow.lightgbm.load_model(f"models:/{MODEL_NAME}@champion")
     assert str(version.version) == "1" and booster.num_trees() > 0
     assert not (tmp_path / "mlruns").exists()  # everything went to the server
+
+
+def test_search_starts_from_the_defaults_and_keeps_the_best_trial(small_dataset):
+    from training.policies import DEFAULT_PARAMS
+    from training.search import search
+    from training.slices import make_slices
+
+    table = load_table(small_dataset)
+    best, trials = search(dict(DEFAULT_PARAMS), table, make_slices(table.configs), minutes=0.01)
+    assert trials[0]["num_leaves"] == DEFAULT_PARAMS["num_leaves"]  # the defaults are always tried
+    winner = min(trials, key=lambda t: t["mean_regret"])
+    assert best == {k: v for k, v in winner.items() if k not in ("mean_regret", "seconds")}

@@ -16,6 +16,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-estimators", help="LightGBM trees (default 400)")
     parser.add_argument("--num-leaves", help="LightGBM leaves per tree (default 31)")
     parser.add_argument("--learning-rate", help="LightGBM learning rate (default 0.05)")
+    parser.add_argument("--search-minutes", help="budget of a random hyperparameter search (default: no search)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,8 +27,9 @@ def run(args: argparse.Namespace) -> int:
         params["num_leaves"] = check_int("num_leaves", args.num_leaves, 2, 100_000)
     if args.learning_rate is not None:
         params["learning_rate"] = check_float("learning_rate", args.learning_rate, 0, 1)
+    search_minutes = 0.0 if args.search_minutes is None else check_float("search_minutes", args.search_minutes, 0, 24 * 60)
 
     from .train import format_result, train
 
-    print(format_result(train(args.data, args.experiment, params)))
+    print(format_result(train(args.data, args.experiment, params, search_minutes)))
     return 0

@@ -20,6 +20,7 @@ from .data import Table, load_table
 from .evaluate import cross_validate, flat, slice_metrics
 from .policies import DEFAULT_PARAMS, TTFTRegressor, baselines
 from .registry import MODEL_NAME, Verdict, current_champion, judge
+from .search import search
 from .slices import make_slices
 
 TARGETS = {"mean_regret": 0.03, "p95_regret": 0.10, "within_5pct": 0.90, "mape": 0.08}
@@ -57,7 +58,7 @@ def _log_dataset(table: Table, source: Path) -> None:
     mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(source), name="ttft"), context="training")
 
 
-def train(data: Path, experiment: str = "chunk-size", params: dict | None = None) -> TrainResult:
+def train(data: Path, experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0) -> TrainResult:
     import mlflow
     from mlflow import MlflowClient
 
@@ -67,6 +68,9 @@ def train(data: Path, experiment: str = "chunk-size", params: dict | None = None
     slices = make_slices(table.configs)
     if not slices:
         raise DataError("data", f"{data}: the configs differ in nothing that can be held out")
+    trials: list[dict] = []
+    if search_minutes > 0:
+        params, trials = search(params, table, slices, search_minutes)
     metrics: dict[str, dict] = {}
     frames: dict[str, pd.DataFrame] = {}
     with quiet_mlflow():
@@ -104,6 +108,8 @@ def train(data: Path, experiment: str = "chunk-size", params: dict | None = None
             importance = dict(zip(FEATURES, booster.feature_importance("gain").round(1).tolist()))
             mlflow.log_dict(dict(sorted(importance.items(), key=lambda kv: -kv[1])), "feature_importance.json")
             mlflow.log_dict(hardware_table(table.rows), "hardware.json")
+            if trials:
+                mlflow.log_dict({"trials": trials}, "search_trials.json")
             for figure, name in ((plots.regret_cdf(frames), "regret_cdf.png"),
                                  (plots.predicted_vs_measured(predictions), "predicted_vs_measured.png"),
                                  (plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png")):
