@@ -20,7 +20,7 @@ CHUNK_DEPENDENT = {"chunk_size", "num_chunks", "last_chunk", "chunk_over_context
                    "chunk_score_mib", "compute_ms", "overhead_ms"}
 CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEPENDENT]
 DEFAULT_PARAMS = {"num_boost_round": 400, "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 5,
-                  "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.9, "near_best_weight": 0.0}
+                  "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.9}
 
 
 def closest_measured(candidates: np.ndarray, chunk: int) -> int:
@@ -209,13 +209,8 @@ class TTFTRegressor:
 
     def fit(self, train: Table) -> None:
         params = _quiet_lgb(objective="regression", monotone_constraints=list(MONOTONE), **{**DEFAULT_PARAMS, **self.params})
-        rounds, near_best = params.pop("num_boost_round"), params.pop("near_best_weight")
-        # the argmin only needs the candidates near each config's best to be ordered right: weigh them up
-        rows = train.rows
-        regret = (rows.ttft_ms / rows.groupby("group", sort=False).ttft_ms.transform("min") - 1).to_numpy()
-        weight = 1 + near_best * np.exp(-regret / 0.05)
-        data = lgb.Dataset(train.x, train.y - base_log_ms(train.x), weight=weight, feature_name=list(FEATURES),
-                           free_raw_data=False)
+        rounds = params.pop("num_boost_round")
+        data = lgb.Dataset(train.x, train.y - base_log_ms(train.x), feature_name=list(FEATURES), free_raw_data=False)
         self.booster = lgb.train(params, data, num_boost_round=rounds)
 
     def predict_log_ms(self, table: Table) -> np.ndarray:
