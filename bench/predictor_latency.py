@@ -11,7 +11,6 @@ process, on the same cores as the server. Needs a champion in the MLflow store: 
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import sys
 import threading
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from chunkpilot.demo import start_service, wait_ready  # noqa: E402
+from chunkpilot.demo import free_port, start_service, wait_ready  # noqa: E402
 from chunkpilot.tracking import tracking_uri  # noqa: E402
 from predictor.model import DecisionCache, load_predictor  # noqa: E402
 from predictor.schemas import ChunkRequest  # noqa: E402
@@ -101,9 +100,7 @@ def main() -> None:
     parser.add_argument("--every-ms", type=float, default=50.0, help="paced clients: one request per this many ms")
     args = parser.parse_args()
     in_process(args.requests)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = start_service(port)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from chunkpilot.config import DEFAULT_CHUNKS, AttentionConfig, check_float, check_int, feasible_chunks
+from chunkpilot.config import DEFAULT_CHUNKS, AttentionConfig, ConfigError, check_float, check_int, feasible_chunks
 
 HELP = "the main job: profile briefly, train, serve, and compare auto vs fixed 1024 vs the hand rule"
 # (tokens, window, layout, sinks): lengths and attention set-ups not in the demo's own profile grid
@@ -31,6 +31,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _step(n: int, text: str, start: float) -> None:
     print(f"\n[{n}/5 at {time.monotonic() - start:.0f} s] {text}", flush=True)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_service(port: int, **settings: object) -> subprocess.Popen:
@@ -57,8 +66,6 @@ def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import socket
-
     from profiler.run import log_run, run_profile
     from profiler.spec import Spec
     from profiler.store import read_dataset
@@ -75,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
     _step(2, f"training on every profiled row under {args.data} and registering through the promotion gate", start)
     print(format_result(train(args.data)), flush=True)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     _step(3, f"starting the service (chunkpilot serve) on {url}", start)
     service = start_service(port)
@@ -115,7 +120,6 @@ def compare_with_service(model: str, url: str, repeats: int, prompts: list[tuple
 def compare(engine, policies: dict, repeats: int, prompts: list[tuple]) -> str:
     """Measure every prompt under each policy and every feasible chunk size, interleaved; a policy
     a prompt cannot run (one shot on a ring longer than its window) gets no cell."""
-    from chunkpilot.config import ConfigError
     from engine.engine import Prompt
     from engine.policy import FixedPolicy
 

@@ -3,20 +3,24 @@ process, stopped on exit."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
 import uvicorn
 
+from chunkpilot.demo import free_port, start_service
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def answers(url: str) -> bool:
+    """GET `url` gives 200 (False while nothing listens or it says otherwise)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @contextmanager
@@ -42,23 +46,13 @@ def serve(app, port: int | None = None) -> Iterator[str]:
 def serve_process(port: int | None = None, **settings: object) -> Iterator[tuple[str, subprocess.Popen]]:
     """`chunkpilot serve` in its own process (CHUNKPILOT_* settings from keyword arguments);
     yields (base URL, process) once it listens; stopped on exit. Readiness is the test's business."""
-    import httpx
-
-    from chunkpilot.demo import start_service
-
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_service(port, **settings)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"{url}/livez", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"chunkpilot serve did not start (exit code {proc.poll()})") from None
-                time.sleep(0.1)
+        wait_until(lambda: answers(f"{url}/livez") or proc.poll() is not None, seconds=60)
+        if not answers(f"{url}/livez"):
+            raise RuntimeError(f"chunkpilot serve did not start (exit code {proc.poll()})")
         yield url, proc
     finally:
         if proc.poll() is None:
@@ -82,8 +76,6 @@ def mlflow_server(backend_uri: str, artifacts: str | None = None, port: int | No
     """A real `mlflow server` on a loopback port over `backend_uri`; yields its URL once healthy."""
     import sys
 
-    import httpx
-
     port = port or free_port()
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                "--backend-store-uri", backend_uri, "--workers", "1"]
@@ -91,15 +83,8 @@ def mlflow_server(backend_uri: str, artifacts: str | None = None, port: int | No
         command += ["--artifacts-destination", artifacts]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        if not wait_until(healthy, seconds=90, every=0.5):
+        if not wait_until(lambda: answers(f"{url}/health"), seconds=90, every=0.5):
             raise RuntimeError("mlflow server did not start within 90 s")
         yield url
     finally:

@@ -28,7 +28,7 @@ from predictor.app import create_app
 from predictor.model import Infeasible, load_predictor
 from predictor.schemas import ChunkRequest
 from predictor.settings import Settings
-from servers import free_port, mlflow_server, serve, serve_process, wait_until
+from servers import answers, free_port, mlflow_server, serve, serve_process, wait_until
 from training.registry import MODEL_NAME
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
@@ -43,10 +43,7 @@ def body(i: int) -> dict:
 
 
 def is_ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return answers(f"{url}/readyz")
 
 
 @dataclass
