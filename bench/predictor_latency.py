@@ -1,36 +1,35 @@
 """Decision latency of the predictor: in-process (the model alone, and through the LRU cache) and
-over HTTP against a real `chunkpilot serve` process on loopback with 1, 8 and 32 concurrent
-clients (keep-alive, one connection each), back to back (saturation) and paced (each client one
-request per --every-ms, like engines asking before each prefill). The clients run in this
-process, on the same cores as the server. Needs a champion in the MLflow store: run
-`chunkpilot train` (or `make demo`) first.
+over HTTP against a real `chunkpilot serve` process on loopback. Each HTTP client is its own
+process with one keep-alive connection, as engines are (client threads in one process would
+measure the GIL's 5 ms switch interval, not the service), asking back to back (saturation) or
+paced (one request per --every-ms, like an engine asking before each prefill). The clients use
+the engine's own client (httpx); one row repeats the paced case with the standard library's
+http.client to show the client's share. Clients share the machine's cores with the server.
+Needs a champion in the MLflow store: run `chunkpilot train` (or `make demo`) first.
 
-    .venv/bin/python bench/predictor_latency.py [--requests 2000] [--every-ms 50]
+    .venv/bin/python bench/predictor_latency.py [--requests 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import multiprocessing
 import statistics
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import httpx  # noqa: E402
-
-from chunkpilot.demo import free_port, start_service, wait_ready  # noqa: E402
-from chunkpilot.tracking import tracking_uri  # noqa: E402
-from predictor.model import DecisionCache, load_predictor  # noqa: E402
-from predictor.schemas import ChunkRequest  # noqa: E402
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 
 
 def body(i: int) -> dict:
-    """Requests that differ (so the cache does not answer all of them)."""
+    """Requests that differ (1,200 distinct, so the service's cache answers only repeats)."""
     window = [None, 512, 1024, 2048][i % 4]
     return {"context_length": 500 + 37 * (i % 400), "model": ["llama-tiny", "mistral-44m", "qwen2-gqa"][i % 3],
             "attention": {"window": window, "layout": "ring" if window == 1024 else "shift"},
@@ -43,6 +42,10 @@ def percentiles(ms: list[float]) -> str:
 
 
 def in_process(n: int) -> None:
+    from chunkpilot.tracking import tracking_uri
+    from predictor.model import DecisionCache, load_predictor
+    from predictor.schemas import ChunkRequest
+
     predictor = load_predictor(tracking_uri(), "chunk-size-predictor", "champion")
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
     for r in requests[:50]:
@@ -52,7 +55,7 @@ def in_process(n: int) -> None:
         t0 = time.perf_counter()
         predictor.decide(r)
         times.append((time.perf_counter() - t0) * 1e3)
-    print(f"in-process, model every time       {percentiles(times)}")
+    print(f"in-process, model every time             {percentiles(times)}")
     cache, times = DecisionCache(4096), []
     for r in requests * 2:  # the second pass hits the cache
         t0 = time.perf_counter()
@@ -60,44 +63,65 @@ def in_process(n: int) -> None:
         if cache.get(key) is None:
             cache.put(key, predictor.decide(r))
         times.append((time.perf_counter() - t0) * 1e3)
-    print(f"in-process, through the LRU cache  {percentiles(times[len(requests):])}  (cache hits)")
+    print(f"in-process, through the LRU cache        {percentiles(times[len(requests):])}  (cache hits)")
 
 
-def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0) -> None:
-    """`clients` threads, one keep-alive connection each. every_ms 0: back to back (saturation,
-    latency = clients / throughput); else each client asks on a fixed schedule, as an engine
-    asking once before each prefill does."""
-    times: list[float] = []
-    lock = threading.Lock()
+def httpx_post(url: str) -> Callable[[dict], None]:
+    import httpx
 
-    def client(k: int) -> None:
-        mine = []
-        with httpx.Client(base_url=url, timeout=5) as http:
-            start = time.perf_counter() + k * every_ms / clients / 1e3  # spread the schedules
-            for i in range(per_client):
-                time.sleep(max(0.0, start + i * every_ms / 1e3 - time.perf_counter()))
-                t0 = time.perf_counter()
-                response = http.post("/v1/chunk-size", json=body(k * per_client + i))
-                mine.append((time.perf_counter() - t0) * 1e3)
-                response.raise_for_status()
-        with lock:
-            times.extend(mine)
+    http = httpx.Client(base_url=url, timeout=5)
+    return lambda b: http.post("/v1/chunk-size", json=b).raise_for_status()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+
+def stdlib_post(url: str) -> Callable[[dict], None]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+
+    def post(b: dict) -> None:
+        conn.request("POST", "/v1/chunk-size", json.dumps(b), {"content-type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+
+    return post
+
+
+def client(job: tuple) -> list[float]:
+    """One engine: connect, warm up, then `n` requests from `start_at` on its schedule."""
+    url, k, n, every_s, start_at, lean = job
+    post = (stdlib_post if lean else httpx_post)(url)
+    for i in range(5):
+        post(body(k * n + i))
+    times = []
+    for i in range(n):
+        time.sleep(max(0.0, start_at + i * every_s - time.time()))
+        t0 = time.perf_counter()
+        post(body(k * n + i))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0, lean: bool = False) -> None:
+    """`clients` processes. every_ms 0: back to back (latency = clients / throughput); else each
+    asks on a fixed schedule, the schedules spread evenly over the period."""
+    every_s = every_ms / 1e3
+    start_at = time.time() + 2.0 + 0.3 * clients  # every process started and connected by then
+    jobs = [(url, k, per_client, every_s, start_at + k * every_s / clients, lean) for k in range(clients)]
+    with multiprocessing.get_context("spawn").Pool(clients) as pool:
+        results = pool.map(client, jobs)
+    times = [t for r in results for t in r]
+    wall = max(time.time() - start_at, 1e-9)
     mode = f"one request per {every_ms:g} ms each" if every_ms else "back to back"
-    print(f"HTTP, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s")
+    who = "stdlib" if lean else "httpx"
+    print(f"HTTP {who:>6}, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s")
 
 
 def main() -> None:
+    from chunkpilot.demo import free_port, start_service, wait_ready
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--every-ms", type=float, default=50.0, help="paced clients: one request per this many ms")
+    parser.add_argument("--requests", type=int, default=2000, help="requests per HTTP row")
     args = parser.parse_args()
     in_process(args.requests)
     port = free_port()
@@ -105,11 +129,14 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, server)
-        over_http(url, 1, 200)  # warm-up
-        for clients in (1, 8, 32):
-            over_http(url, clients, max(args.requests // clients, 20))
+        over_http(url, 1, 300)  # warm-up
+        over_http(url, 1, args.requests)
         for clients in (8, 32):
-            over_http(url, clients, max(args.requests // clients, 20), every_ms=args.every_ms)
+            over_http(url, clients, args.requests // clients)
+        for every_ms in (10, 50):
+            over_http(url, 8, max(args.requests // 8, 20), every_ms=every_ms)
+        over_http(url, 8, max(args.requests // 8, 20), every_ms=50, lean=True)
+        over_http(url, 32, max(args.requests // 32, 20), every_ms=50)
     finally:
         server.terminate()
         server.wait(timeout=20)

@@ -3,6 +3,7 @@ take microseconds), Prometheus metrics, readiness, and an admin reload behind a 
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import threading
@@ -13,12 +14,15 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
-from prometheus_fastapi_instrumentator import Instrumentator
+from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
 from .model import Decision, Infeasible
 from .schemas import BatchRequest, BatchResponse, ChunkRequest, ChunkResponse
 from .service import ServiceMetrics, ServiceState
 from .settings import Settings
+
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
 
 class BodyLimit:
@@ -59,8 +63,9 @@ def _response(decision: Decision, source: str) -> ChunkResponse:
                          top=decision.top, rule=decision.rule, model_version=decision.model_version, source=source)
 
 
-def ready_state(request: Request) -> ServiceState:
-    """The app's state, or 503 with the reason while no model is loaded."""
+async def ready_state(request: Request) -> ServiceState:
+    """The app's state, or 503 with the reason while no model is loaded (async: FastAPI would run a
+    plain function in its thread pool, a thread hop per request)."""
     state: ServiceState = request.app.state.service
     if state.predictor is None:
         raise HTTPException(503, detail=f"not ready: {state.not_ready}")
@@ -81,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(settings.store_retries)
         os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a service log, not a terminal
         await run_in_threadpool(state.load)
+        gc.freeze()  # what loading left behind is permanent: later collections skip it (fewer pauses)
         stop = threading.Event()
         if settings.poll_interval_s > 0:  # also how a service that started without a model becomes ready
             threading.Thread(target=state.poll_forever, args=(stop,), daemon=True, name="alias-poll").start()
@@ -89,7 +95,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="ChunkPilot predictor", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    Instrumentator(registry=registry).instrument(app).expose(app, include_in_schema=False)
+    # request counts and latency only, in buckets for a millisecond service: each metric is work on
+    # every request (the instrumentator's default set adds body sizes and a second histogram)
+    instrumentator = Instrumentator(registry=registry, excluded_handlers=["/metrics"])
+    instrumentator.add(metrics.requests(registry=registry))
+    instrumentator.add(metrics.latency(buckets=LATENCY_BUCKETS_S, registry=registry)).instrument(app)
 
     @app.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
     async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
@@ -130,5 +140,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return {"outcome": outcome, "version": state.predictor.version if state.predictor else None,
                     "last_reload_error": state.last_error}
 
+    instrumentator.expose(app, include_in_schema=False)  # after the API: routes match in order
     app.state.service = state
     return app

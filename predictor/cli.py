@@ -20,5 +20,5 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_app
 
     port = check_int("port", args.port, 1, 65535)
-    uvicorn.run(create_app(), host=args.host, port=port, log_level="warning")
+    uvicorn.run(create_app(), host=args.host, port=port, log_level="warning", access_log=False)
     return 0

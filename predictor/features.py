@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+Num = float | np.ndarray  # a column, or one value shared by every row
+
 # What a row must provide (dataset columns; the service fills the same names from a request).
 INPUT_COLUMNS = (
     "context_length", "chunk_size", "window", "layout", "sinks", "global_every",
@@ -38,59 +40,79 @@ FEATURES = (
 MONOTONE = tuple(1 if name == "context_length" else 0 for name in FEATURES)
 
 
-def _keys_sum(n: np.ndarray, c: np.ndarray, window: np.ndarray) -> np.ndarray:
+def _keys_sum(n: Num, c: Num, window: Num) -> Num:
     """Sum over chunks of (query tokens x keys attended) for prompt n in chunks of c, keys limited
     to the last `window` tokens plus the chunk (window = inf: no limit). Closed form, no loop:
     all chunks but the last have c queries and min(start, window) + c keys."""
+    window = np.minimum(window, n)  # a window as long as the prompt limits nothing; keeps it finite
     m = np.ceil(n / c)
     last = n - (m - 1) * c
     full = m - 1  # chunks of exactly c tokens
     below = np.minimum(full, np.floor(window / c) + 1)  # of those, starts k*c still <= window
-    starts = c * below * (below - 1) / 2 + np.where(np.isinf(window), 0.0, window) * (full - below)
+    starts = c * below * (below - 1) / 2 + window * (full - below)
     return c * c * full + c * starts + last * (np.minimum((m - 1) * c, window) + last)
 
 
-def history_sum(n: np.ndarray, c: np.ndarray, window: np.ndarray) -> np.ndarray:
+def history_sum(n: Num, c: Num, window: Num) -> Num:
     """Sum over chunks of the history each chunk attends to, min(start, window). Closed form."""
+    window = np.minimum(window, n)
     m = np.ceil(n / c)
     below = np.minimum(m, np.floor(window / c) + 1)  # chunks whose start k*c is still <= window
-    return c * below * (below - 1) / 2 + np.where(np.isinf(window), 0.0, window) * (m - below)
+    return c * below * (below - 1) / 2 + window * (m - below)
 
 
-def _codes(values: np.ndarray, table: dict[str, int]) -> np.ndarray:
-    return np.array([table[v] for v in values.ravel()], dtype=np.float64).reshape(values.shape)
+def _numbers(value: np.ndarray | list | float) -> Num:
+    """A column as float64; a value shared by every row stays a Python float, whose arithmetic
+    costs a twentieth of numpy's on a 0-d array (a request is one config and a dozen candidates)."""
+    return float(value) if isinstance(value, int | float) else np.asarray(value, dtype=np.float64)
+
+
+def _codes(value: np.ndarray | list | str, table: dict[str, int]) -> Num:
+    if isinstance(value, str):
+        return float(table[value])
+    return np.array([table[v] for v in value], dtype=np.float64)
+
+
+def _attended(layers: Num, n: Num, c: Num, window: Num) -> Num:
+    """layers x the keys each query attends to, summed; nothing to sum where no layer is of this kind."""
+    return 0.0 if isinstance(layers, float) and layers == 0 else layers * _keys_sum(n, c, window)
+
+
+def _where(condition: bool | np.ndarray, a: Num, b: Num) -> Num:
+    """np.where that keeps a shared scalar a scalar."""
+    return (a if condition else b) if isinstance(condition, bool) else np.where(condition, a, b)
 
 
 def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
-    """[rows, len(FEATURES)] float64 from columns named in INPUT_COLUMNS (window 0: none). A column
-    may be a scalar shared by every row: the service passes one config and many chunk sizes."""
-    col = {name: np.asarray(rows[name]) for name in INPUT_COLUMNS}
-    f = {name: v.astype(np.float64) for name, v in col.items() if v.dtype.kind in "iufb"}
-    n, c = f["context_length"], np.minimum(f["chunk_size"], f["context_length"])
+    """[rows, len(FEATURES)] float64 from columns named in INPUT_COLUMNS (window 0: none), one row
+    per chunk size. Any other column may be a scalar shared by every row: the service passes one
+    config and its candidate chunk sizes."""
+    f = {name: _numbers(rows[name]) for name in INPUT_COLUMNS if name not in ("layout", "dtype", "attn_impl")}
+    n, c = f["context_length"], np.minimum(np.atleast_1d(f["chunk_size"]), f["context_length"])  # [rows]
     layers, heads, kv, hd = f["num_layers"], f["num_heads"], f["num_kv_heads"], f["head_dim"]
-    dtype_bytes = _codes(col["dtype"], DTYPE_BYTES)
+    dtype_bytes = _codes(rows["dtype"], DTYPE_BYTES)
     has_window = f["window"] > 0
-    window = np.where(has_window, f["window"], np.inf)
+    window = _where(has_window, f["window"], np.inf)
     every = f["global_every"]
-    local_layers = np.where(has_window, np.where(every > 0, layers - np.floor(layers / np.maximum(every, 1)), layers), 0)
+    local_layers = _where(has_window, _where(every > 0, layers - np.floor(layers / np.maximum(every, 1)), layers), 0.0)
     global_layers = layers - local_layers
 
     m = np.ceil(n / c)
     d, ff = f["hidden_size"], f["intermediate_size"]
     linear = 2 * n * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
-    attention = 4 * heads * hd * (local_layers * _keys_sum(n, c, window) + global_layers * _keys_sum(n, c, np.inf))
-    kept = np.where(has_window, np.minimum(n, window + f["sinks"]), n)
+    attention = 4 * heads * hd * (_attended(local_layers, n, c, window) + _attended(global_layers, n, c, np.inf))
+    kept = _where(has_window, np.minimum(n, window + f["sinks"]), n)
     kv_bytes = 2 * layers * kv * hd * kept * dtype_bytes
-    keys_last = np.minimum(n, np.where(has_window, window, n) + c)
+    keys_last = np.minimum(n, _where(has_window, window, n) + c)
     score_bytes = heads * c * keys_last * 4  # one chunk's score matrix, the attention working set
     gflops = f["matmul_gflops"]
     out = {
         "context_length": n, "chunk_size": c, "num_chunks": m, "last_chunk": n - (m - 1) * c,
-        "chunk_over_context": c / n, "window": np.where(has_window, f["window"], 0.0), "has_window": has_window,
-        "layout": _codes(col["layout"], LAYOUT_CODES), "sinks": f["sinks"], "local_fraction": local_layers / layers,
+        "chunk_over_context": c / n, "window": _where(has_window, f["window"], 0.0), "has_window": has_window,
+        "layout": _codes(rows["layout"], LAYOUT_CODES), "sinks": f["sinks"], "local_fraction": local_layers / layers,
         "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
         "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
-        "dtype_bytes": dtype_bytes, "attn_impl": _codes(col["attn_impl"], ATTN_CODES),
+        "dtype_bytes": dtype_bytes, "attn_impl": _codes(rows["attn_impl"], ATTN_CODES),
         "threads": f["threads"], "matmul_gflops": gflops, "bandwidth_gbs": f["bandwidth_gbs"],
         "call_overhead_ms": f["call_overhead_ms"], "cores": f["cores"],
         "l2_cache_mib": f["l2_cache_bytes"] / 2**20, "l3_cache_mib": f["l3_cache_bytes"] / 2**20,
@@ -98,9 +120,9 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
         "chunk_score_mib": score_bytes / 2**20, "compute_ms": (linear + attention) / (gflops * 1e9) * 1e3,
         "overhead_ms": (m + 1) * layers * f["call_overhead_ms"],
     }
-    x = np.empty((int(np.prod(np.broadcast_shapes(*(v.shape for v in col.values())))), len(FEATURES)))
+    x = np.empty((len(c), len(FEATURES)))
     for j, name in enumerate(FEATURES):
-        x[:, j] = out[name]  # scalars and shared columns broadcast
+        x[:, j] = out[name]  # shared scalars broadcast down the column
     return x
 
 

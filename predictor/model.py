@@ -78,7 +78,7 @@ class Predictor:
             raise Infeasible(f"model.{exc.field}: {exc.message}") from None
         chunks = self.candidates(request)
         rule = min(hand_rule(n), max_chunk(n, att.window, att.layout))
-        sizes = np.array(chunks + ([rule] if rule not in chunks else []))
+        sizes = chunks + ([rule] if rule not in chunks else [])
         hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
         constant = {
             "context_length": n, "window": att.window or 0, "layout": "none" if att.window is None else att.layout,
@@ -91,16 +91,15 @@ class Predictor:
         }
         x = build({**constant, "chunk_size": sizes})  # one config, one row per candidate
         # one thread: a dozen rows gain nothing from OpenMP, whose spinning stalls on a busy machine
-        ms = np.exp(self.booster.predict(x, num_threads=1) + base_log_ms(x))
-        if not np.isfinite(ms).all():
+        ms = np.exp(self.booster.predict(x, num_threads=1) + base_log_ms(x)).tolist()
+        if not all(map(math.isfinite, ms)):
             raise Infeasible("the model predicted a non-finite TTFT for this request")
-        order = np.argsort(ms[: len(chunks)])
-        best = int(order[0])
+        order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
         return Decision(
-            chunk_size=chunks[best],
-            predicted_ttft_ms=float(ms[best]),
-            top=[Candidate(chunk_size=chunks[i], predicted_ttft_ms=float(ms[i])) for i in order[:TOP]],
-            rule=Candidate(chunk_size=rule, predicted_ttft_ms=float(ms[list(sizes).index(rule)])),
+            chunk_size=chunks[order[0]],
+            predicted_ttft_ms=ms[order[0]],
+            top=[Candidate(chunk_size=chunks[i], predicted_ttft_ms=ms[i]) for i in order[:TOP]],
+            rule=Candidate(chunk_size=rule, predicted_ttft_ms=ms[sizes.index(rule)]),
             model_version=self.version,
         )
 

@@ -73,3 +73,14 @@ def test_history_sum_closed_form_equals_the_loop(n, c, window):
     c = min(c, n)
     expected = sum(min(start, window) for start in range(0, n, c))
     assert history_sum(np.array([n], float), np.array([c], float), np.array([window], float))[0] == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 32768), window=st.integers(0, 8192), every=st.integers(0, 12),
+       sizes=st.lists(st.integers(1, 8192), min_size=1, max_size=12))
+def test_a_config_given_once_builds_the_same_rows_as_a_repeated_column(n, window, every, sizes):
+    """The service passes one config as scalars beside its candidate sizes; training passes columns."""
+    config = row(context_length=n, window=window, layout="shift" if window else "none", global_every=every)
+    columns = build({**{k: v * len(sizes) for k, v in config.items()}, "chunk_size": sizes})
+    shared = build({**{k: v[0] for k, v in config.items()}, "chunk_size": sizes})
+    assert np.array_equal(columns, shared)

@@ -13,9 +13,9 @@ HELP = "train the chunk-size model, log it and its baselines to MLflow, register
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="dataset root (default data/ttft)")
     parser.add_argument("--experiment", default="chunk-size", help="MLflow experiment")
-    parser.add_argument("--n-estimators", help="LightGBM trees (default 400)")
-    parser.add_argument("--num-leaves", help="LightGBM leaves per tree (default 31)")
-    parser.add_argument("--learning-rate", help="LightGBM learning rate (default 0.05)")
+    parser.add_argument("--n-estimators", help="LightGBM trees (default 120)")
+    parser.add_argument("--num-leaves", help="LightGBM leaves per tree (default 15)")
+    parser.add_argument("--learning-rate", help="LightGBM learning rate (default 0.1)")
     parser.add_argument("--search-minutes", help="budget of a random hyperparameter search (default: no search)")
 
 
