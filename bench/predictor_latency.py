@@ -48,8 +48,8 @@ def in_process(n: int) -> None:
 
     predictor = load_predictor(tracking_uri(), "chunk-size-predictor", "champion")
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
-    for r in requests[:50]:
-        predictor.decide(r)  # warm-up
+    for r in requests:
+        predictor.decide(r)  # warm-up: one pass over the same requests
     times = []
     for r in requests:
         t0 = time.perf_counter()
@@ -91,6 +91,7 @@ def client(job: tuple) -> list[float]:
     """One engine: connect, warm up, then `n` requests from `start_at` on its schedule."""
     url, k, n, every_s, start_at, lean = job
     post = (stdlib_post if lean else httpx_post)(url)
+    time.sleep(max(0.0, start_at - 1.0 - time.time()))  # warm up just before: keep-alive closes idle connections
     for i in range(5):
         post(body(k * n + i))
     times = []
@@ -102,11 +103,11 @@ def client(job: tuple) -> list[float]:
     return times
 
 
-def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0, lean: bool = False) -> None:
+def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0, lean: bool = False) -> str:
     """`clients` processes. every_ms 0: back to back (latency = clients / throughput); else each
     asks on a fixed schedule, the schedules spread evenly over the period."""
     every_s = every_ms / 1e3
-    start_at = time.time() + 2.0 + 0.3 * clients  # every process started and connected by then
+    start_at = time.time() + 2.0 + 0.3 * clients  # every process started by then
     jobs = [(url, k, per_client, every_s, start_at + k * every_s / clients, lean) for k in range(clients)]
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
         results = pool.map(client, jobs)
@@ -114,7 +115,7 @@ def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0, le
     wall = max(time.time() - start_at, 1e-9)
     mode = f"one request per {every_ms:g} ms each" if every_ms else "back to back"
     who = "stdlib" if lean else "httpx"
-    print(f"HTTP {who:>6}, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s")
+    return f"HTTP {who:>6}, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s"
 
 
 def main() -> None:
@@ -129,14 +130,14 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, server)
-        over_http(url, 1, 300)  # warm-up
-        over_http(url, 1, args.requests)
+        over_http(url, 1, 300)  # warm-up, not shown
+        print(over_http(url, 1, args.requests))
         for clients in (8, 32):
-            over_http(url, clients, args.requests // clients)
+            print(over_http(url, clients, args.requests // clients))
         for every_ms in (10, 50):
-            over_http(url, 8, max(args.requests // 8, 20), every_ms=every_ms)
-        over_http(url, 8, max(args.requests // 8, 20), every_ms=50, lean=True)
-        over_http(url, 32, max(args.requests // 32, 20), every_ms=50)
+            print(over_http(url, 8, max(args.requests // 8, 20), every_ms=every_ms))
+        print(over_http(url, 8, max(args.requests // 8, 20), every_ms=50, lean=True))
+        print(over_http(url, 32, max(args.requests // 32, 20), every_ms=50))
     finally:
         server.terminate()
         server.wait(timeout=20)
