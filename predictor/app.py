@@ -84,7 +84,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(settings.store_timeout_s)
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(settings.store_retries)
-        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a service log, not a terminal
         await run_in_threadpool(state.load)
         gc.freeze()  # what loading left behind is permanent: later collections skip it (fewer pauses)
         stop = threading.Event()

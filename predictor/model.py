@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,7 @@ def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
 
     from chunkpilot.tracking import quiet_mlflow
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a model load, not a download to watch
     with quiet_mlflow():
         client = MlflowClient(tracking_uri=tracking_uri)
         version = client.get_model_version_by_alias(name, alias)
