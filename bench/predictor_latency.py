@@ -124,6 +124,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per HTTP row")
     args = parser.parse_args()
+    if not 100 <= args.requests <= 1_000_000:  # percentiles need a few requests per client
+        parser.error(f"--requests must be between 100 and 1000000 (got {args.requests})")
     in_process(args.requests)
     port = free_port()
     server = start_service(port)
