@@ -51,16 +51,21 @@ def start_service(port: int, **settings: object) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "chunkpilot.cli", "serve", "--port", str(port)], env=env)
 
 
-def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
+def answers(url: str) -> bool:
+    """GET `url` gives 200 (False while nothing listens or it says otherwise)."""
     import httpx
 
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if answers(f"{url}/readyz"):
+            return
         time.sleep(0.3)
     raise RuntimeError(f"the service at {url} did not become ready")
 

@@ -9,18 +9,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
 import uvicorn
 
-from chunkpilot.demo import free_port, start_service
-
-
-def answers(url: str) -> bool:
-    """GET `url` gives 200 (False while nothing listens or it says otherwise)."""
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+from chunkpilot.demo import answers, free_port, start_service
 
 
 @contextmanager
