@@ -49,7 +49,8 @@ def evaluate(policy, train: Table | None, test: Table) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=Path, default=Path("data/specs/cpu-shipped.yaml"))
-    parser.add_argument("--data", type=Path, default=Path("data/ttft/cpu-shipped"))
+    parser.add_argument("--data", type=Path, default=Path("data/ttft/cpu-shipped/664de6bcf2e9"),
+                        help="one machine's files of the spec (default: the first shipped machine's)")
     parser.add_argument("--budgets", default="5,15,30,60", help="minutes of profiling, comma-separated")
     parser.add_argument("--plot", type=Path, default=Path("docs/regret_vs_budget.png"))
     args = parser.parse_args()

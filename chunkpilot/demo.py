@@ -1,24 +1,24 @@
 """`chunkpilot demo`, the main job end to end: profile this machine briefly, train and register
-(through the promotion gate), serve the champion, then run the engine on a set of prompts under
-`auto`, fixed 1024 and the hand rule, interleaved with a sweep of every chunk size that finds the
-measured best, and print TTFT and regret per prompt and policy."""
+(through the promotion gate), serve the champion, then compare `auto`, fixed 1024 and the hand
+rule on a set of prompts with the evaluator (engine/evaluate.py): TTFT and regret per prompt and
+policy, and auto's saving over each with its 95% interval."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from chunkpilot.config import DEFAULT_CHUNKS, AttentionConfig, ConfigError, check_float, check_int, feasible_chunks
+from chunkpilot.config import check_float, check_int
+from engine.evaluate import PromptCase
 
 HELP = "the main job: profile briefly, train, serve, and compare auto vs fixed 1024 vs the hand rule"
-# (tokens, window, layout, sinks): lengths and attention set-ups not in the demo's own profile grid
-PROMPTS = [(1200, None, "shift", 0), (3000, None, "shift", 0), (3000, 1024, "shift", 0),
-           (6000, 512, "ring", 0), (2500, 256, "ring", 4), (9000, 2048, "shift", 0)]
+# lengths and attention set-ups not in the demo's own profile grid
+PROMPTS = [PromptCase(1200), PromptCase(3000), PromptCase(3000, 1024, "shift"),
+           PromptCase(6000, 512, "ring"), PromptCase(2500, 256, "ring", 4), PromptCase(9000, 2048, "shift")]
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, default=Path("data/specs/demo.yaml"))
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="profiled data to train on")
     parser.add_argument("--model", default="llama-tiny", help="the engine's model for the comparison")
-    parser.add_argument("--repeats", default="2", help="measured repeats per prompt and policy")
+    parser.add_argument("--max-rounds", default="8", help="most measuring rounds of the comparison (at least 3 unless fewer)")
 
 
 def _step(n: int, text: str, start: float) -> None:
@@ -77,12 +77,12 @@ def run(args: argparse.Namespace) -> int:
     from training.train import format_result, train
 
     minutes = check_float("profile_minutes", args.profile_minutes, 0, 60)
-    repeats = check_int("repeats", args.repeats, 1, 20)
+    max_rounds = check_int("max_rounds", args.max_rounds, 1, 50)
     start = time.monotonic()
     spec = Spec.from_file(args.spec)
     _step(1, f"profiling this machine for up to {minutes:g} min ({args.spec}), beside the shipped data", start)
     report = run_profile(spec, args.data, minutes)
-    log_run(spec, args.data, report, read_dataset(args.data / spec.name), minutes)
+    log_run(spec, report, read_dataset(report.directory), minutes)
 
     _step(2, f"training on every profiled row under {args.data} and registering through the promotion gate", start)
     print(format_result(train(args.data)), flush=True)
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
     service = start_service(port)
     try:
         wait_ready(url, service)
-        _step(4, f"{args.model}: {len(PROMPTS)} prompts x (auto, fixed 1024, hand rule, every chunk size), "
-                 f"{repeats} interleaved repeats after a warm-up", start)
-        table = compare_with_service(args.model, url, repeats)
+        _step(4, f"{args.model}: {len(PROMPTS)} prompts, every chunk size (each policy's choice among them) per "
+                 f"round, rounds until auto's savings are settled (at most {max_rounds})", start)
+        table = compare_with_service(args.model, url, max_rounds)
     finally:
         service.terminate()
         service.wait(timeout=20)
@@ -107,65 +107,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def compare_with_service(model: str, url: str, repeats: int, prompts: list[tuple] = PROMPTS) -> str:
-    """The demo's comparison: `auto` asking the service, fixed 1024 and the hand rule."""
+def compare_with_service(model: str, url: str, max_rounds: int, cases: list | None = None) -> str:
+    """The demo's comparison: `auto` asking the service, fixed 1024 and the hand rule, measured by
+    the one evaluator (engine/evaluate.py) until the savings are settled or `max_rounds` pass."""
     from engine.engine import Engine, EngineConfig
+    from engine.evaluate import evaluate, format_evaluation
+    from engine.hardware import local_hardware
     from engine.policy import FixedPolicy, RulePolicy
-    from engine.predictor_client import AutoPolicy, local_hardware
+    from engine.predictor_client import AutoPolicy
 
     engine = Engine(EngineConfig(model=model))
-    auto = AutoPolicy(url, 0.05, local_hardware(dtype="float32", threads=engine.runtime.threads))
+    auto = AutoPolicy(url, 0.05, local_hardware(engine.config.dtype, engine.runtime.threads))
+    policies = {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy()}
     try:
-        return compare(engine, {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy()},
-                       repeats, prompts)
+        result = evaluate(engine, policies, cases or PROMPTS, [("auto", "hand rule"), ("auto", "fixed 1024")],
+                          min_rounds=min(3, max_rounds), max_rounds=max_rounds)
     finally:
         auto.close()
-
-
-def compare(engine, policies: dict, repeats: int, prompts: list[tuple]) -> str:
-    """Measure every prompt under each policy and every feasible chunk size, interleaved; a policy
-    a prompt cannot run (one shot on a ring longer than its window) gets no cell."""
-    from engine.engine import Prompt
-    from engine.policy import FixedPolicy
-
-    runs: dict[tuple, list] = {}
-    texts = {n: engine.prompt_text(Prompt(num_tokens=n)) for n, *_ in prompts}
-    for repeat in range(repeats + 1):  # pass 0 is the warm-up
-        for n, window, layout, sinks in prompts:
-            attention = AttentionConfig(window, layout, sinks)
-            sweep, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
-            contenders = {**policies, **{c: FixedPolicy(c) for c in sweep}}
-            for name, policy in contenders.items():
-                try:
-                    result = engine.run(texts[n], n, attention, policy)
-                except ConfigError:
-                    continue
-                if repeat:
-                    runs.setdefault((n, window, layout, sinks, name), []).append(result)
-    return format_table(runs, list(policies), prompts)
-
-
-def format_table(runs: dict[tuple, list], policies: list[str], prompts: list[tuple]) -> str:
-    """Per prompt: each policy's chunk size, median TTFT and regret against the measured best
-    (the fastest size of the sweep); totals over the prompts every policy could run."""
-    lines = [f"{'prompt':<28}" + "".join(f"{p:>22}" for p in policies) + f"{'measured best':>22}"]
-    medians: list[dict] = []
-    for n, window, layout, sinks in prompts:
-        mine = {name: results for (*k, name), results in runs.items() if tuple(k) == (n, window, layout, sinks)}
-        median = {name: statistics.median(r.ttft_ms for r in results) for name, results in mine.items()}
-        best = min((m for m in median if isinstance(m, int)), key=median.get)
-        median["best"] = median[best]
-        medians.append(median)
-        label = f"{n} tok, " + ("no window" if window is None else f"w{window} {layout}" + (f" s{sinks}" if sinks else ""))
-        cells = [f"{mine[p][0].chunk_size:>5} {median[p]:>7.0f}ms {median[p] / median[best] - 1:>+5.0%}"
-                 if p in median else "n/a" for p in policies]
-        lines.append(f"{label:<28}" + "".join(f"{c:>22}" for c in cells) + f"{best:>5} {median[best]:>7.0f}ms      ")
-    common = [m for m in medians if all(p in m for p in policies)]
-    totals = [sum(m[p] for m in common) for p in [*policies, "best"]]
-    regrets = [statistics.fmean(m[p] / m["best"] - 1 for m in medians if p in m) for p in policies]
-    lines.append(f"{f'total TTFT ({len(common)} prompts)':<28}" + "".join(f"{t:>19.0f}ms " for t in totals))
-    lines.append(f"{'mean regret vs best':<28}" + "".join(f"{r:>21.1%} " for r in regrets))
-    sources = {r.decision_source for (*_, name), results in runs.items() if name == "auto" for r in results}
-    lines.append("cells: chunk size, median TTFT, regret against the measured best"
-                 + (f"; auto's decisions came from: {', '.join(sorted(sources))}" if sources else ""))
-    return "\n".join(lines)
+    return format_evaluation(result)

@@ -40,10 +40,11 @@ def auto_policy(args: argparse.Namespace, engine):
     """The `auto` policy for this engine: over HTTP, or in-process with --in-process."""
     from chunkpilot.tracking import tracking_uri
 
-    from .predictor_client import AutoPolicy, InProcessPolicy, local_hardware
+    from .hardware import local_hardware
+    from .predictor_client import AutoPolicy, InProcessPolicy
 
     timeout_ms = check_int("predictor_timeout_ms", args.predictor_timeout_ms, 1, 60_000)
-    hardware = local_hardware(dtype=engine.config.dtype, threads=engine.runtime.threads)
+    hardware = local_hardware(engine.config.dtype, engine.runtime.threads, engine.config.device)
     if args.in_process:
         return InProcessPolicy(tracking_uri(), hardware)
     return AutoPolicy(args.predictor_url, timeout_ms / 1e3, hardware)
@@ -137,6 +138,7 @@ def format_report(report: dict) -> str:
         f"window    {window}",
         f"prompt    {report['context_length']} tokens, chunk {report['chunk_size']} ({report['decision_source']}) "
         f"-> {report['num_chunks']} chunks",
+        *([f"fallback  {report['decision_reason']}"] if report["decision_reason"] else []),
         f"memory    KV cache {report['kv_cache_bytes'] / 2**20:.1f} MiB, peak {report['peak_memory_bytes'] / 2**20:.0f} MiB",
         f"runtime   {rt['allocator']}; torch {rt['torch_version']}, transformers {rt['transformers_version']}",
         "",

@@ -52,6 +52,7 @@ class TTFTResult:
     num_chunks: int
     decision_source: str
     decision_model_version: str | None
+    decision_reason: str | None  # why `auto` fell back to the rule, when it did
     first_token: int
     tokenize_ms: float
     decision_ms: float
@@ -88,6 +89,7 @@ class Measurement:
             "num_chunks": first.num_chunks,
             "decision_source": first.decision_source,
             "decision_model_version": first.decision_model_version,
+            "decision_reason": first.decision_reason,
             "first_token": first.first_token,
             "kv_cache_bytes": first.kv_cache_bytes,
             "peak_memory_bytes": max(r.peak_memory_bytes for r in self.runs),
@@ -156,6 +158,7 @@ class Engine:
             num_chunks=len(chunk_ms),
             decision_source=decision.source,
             decision_model_version=decision.model_version,
+            decision_reason=decision.reason,
             first_token=int(first),
             tokenize_ms=t1 - t0,
             decision_ms=t2 - t1,

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -102,17 +103,38 @@ def measure_descriptors(dtype: str, threads: int) -> dict:
     return {"matmul_gflops": gflops, "bandwidth_gbs": bandwidth, "call_overhead_ms": overhead}
 
 
-def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu") -> dict:
+def user_cache_dir() -> Path:
+    """The per-user cache: $CHUNKPILOT_CACHE_DIR, else $XDG_CACHE_HOME/chunkpilot, else ~/.cache/chunkpilot."""
+    if os.environ.get("CHUNKPILOT_CACHE_DIR"):
+        return Path(os.environ["CHUNKPILOT_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "chunkpilot"
+
+
+def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", announce: bool = False) -> dict:
     """Fingerprint + measured descriptors for (dtype, threads), measured once per machine and
-    cached in `cache_dir/<hardware_id>.json`."""
+    cached in `cache_dir/<hardware_id>.json`; `announce` says so on stderr when it measures."""
     fp = fingerprint(device)
     path = cache_dir / f"{fp['hardware_id']}.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}
     key = f"{dtype}/{threads}"
     if key not in cached:
+        if announce:
+            print(f"chunkpilot: measuring this machine ({fp['hardware_id']}, {dtype}, {threads} threads) once, "
+                  f"a few seconds; cached in {cache_dir}", file=sys.stderr, flush=True)
         cached[key] = measure_descriptors(dtype, threads)
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
         os.replace(tmp, path)
     return {**fp, **cached[key]}
+
+
+REQUEST_FIELDS = ("hardware_id", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores",
+                  "l2_cache_bytes", "l3_cache_bytes")
+
+
+def local_hardware(dtype: str, threads: int, device: str = "cpu") -> dict:
+    """This machine as a request describes it: its id plus descriptors, measured into the user's
+    cache the first time (so a machine no dataset holds still gets model decisions)."""
+    found = descriptors(user_cache_dir() / "hardware", dtype, threads, device, announce=True)
+    return {k: found[k] for k in REQUEST_FIELDS}

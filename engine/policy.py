@@ -1,5 +1,5 @@
-"""Chunk-size policies: asked once before each prefill. A later `auto` policy (a predictor
-client) plugs in here by implementing `ChunkPolicy.choose`."""
+"""Chunk-size policies: asked once before each prefill. The `auto` policy (the predictor's client,
+engine/predictor_client.py) implements the same `ChunkPolicy.choose`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from chunkpilot.config import ConfigError, RequestFeatures, check_int, hand_rule
 @dataclass(frozen=True)
 class Decision:
     chunk_size: int
-    source: str  # fixed, full, rule (later: service, cache, in-process, fallback)
-    latency_ms: float = 0.0
+    source: str  # fixed, full, rule; auto: service, cache, in-process, fallback
     model_version: str | None = None
+    reason: str | None = None  # why a fallback fell back
 
 
 class ChunkPolicy(Protocol):

@@ -1,21 +1,23 @@
 """The `auto` chunk-size policy: the engine's only way to the predictor. It asks the service over
-HTTP (keep-alive, short timeout), caches answers per request bucket, and falls back to the hand
-rule on a timeout, connection error, 5xx or an infeasible answer; a circuit breaker stops asking
-after repeated failures and probes again later. An in-process variant loads the model itself."""
+HTTP (keep-alive, short timeout) with this machine's measured descriptors, caches answers per
+request bucket and model version for a few seconds, and falls back to the hand rule on a timeout,
+a refused connection, an error status or an infeasible answer, saying why; a circuit breaker stops
+asking after repeated failures and probes again later. An in-process variant loads the model."""
 
 from __future__ import annotations
 
-import json
 import math
+import sys
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import httpx
 
 from chunkpilot.config import RequestFeatures
 
 from .policy import Decision, RulePolicy
+
+CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
 
 
 def bucket(request: RequestFeatures) -> tuple:
@@ -28,28 +30,37 @@ def request_body(request: RequestFeatures, hardware: dict) -> dict:
     att = request.attention
     return {
         "context_length": request.context_length,
-        "model": asdict(request.shape),
+        "model": request.shape.to_dict(),
         "attention": {"window": att.window, "layout": att.layout, "sinks": att.sinks},
         "dtype": request.dtype, "threads": request.threads, "attn_impl": request.attn_impl,
         "hardware": hardware,
     }
 
 
-def local_hardware(hardware_dir: Path = Path("data/hardware"), dtype: str = "float32", threads: int = 1) -> dict:
-    """This machine as the service knows machines: its hardware_id, plus its measured descriptors
-    when `chunkpilot profile` has cached them here (so an unprofiled id still gets an answer)."""
-    from .hardware import fingerprint
+_warned = False
 
-    fp = fingerprint()
-    cached = hardware_dir / f"{fp['hardware_id']}.json"
-    found = {"hardware_id": fp["hardware_id"]}
-    if cached.is_file():
-        measured = json.loads(cached.read_text())
-        key = f"{dtype}/{threads}" if f"{dtype}/{threads}" in measured else next(iter(measured), None)
-        if key:
-            found.update(measured[key], cores=fp["cores"], l2_cache_bytes=fp["l2_cache_bytes"],
-                         l3_cache_bytes=fp["l3_cache_bytes"])
-    return found
+
+def fall_back(request: RequestFeatures, reason: str) -> Decision:
+    """The hand rule's answer, with the reason; the process's first fallback says so on stderr."""
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"chunkpilot: auto fell back to the hand rule: {reason}", file=sys.stderr, flush=True)
+    return Decision(RulePolicy().choose(request).chunk_size, "fallback", None, reason)
+
+
+def failure_reason(exc: Exception, url: str, timeout_s: float) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timeout: {url} gave no answer within {timeout_s * 1e3:g} ms"
+    if isinstance(exc, httpx.HTTPStatusError):
+        try:
+            detail = exc.response.json()["detail"]
+        except (ValueError, KeyError, TypeError):
+            detail = exc.response.text[:200]
+        return f"the service answered {exc.response.status_code}: {detail}"
+    if isinstance(exc, httpx.TransportError):
+        return f"cannot reach {url}: {exc or type(exc).__name__}"
+    return f"unusable answer from {url}: {exc}"
 
 
 @dataclass
@@ -83,29 +94,33 @@ class AutoPolicy:
     timeout_s: float = 0.05
     hardware: dict = field(default_factory=dict)
     breaker: Breaker = field(default_factory=Breaker)
+    cache_ttl_s: float = CACHE_TTL_S
     name: str = "auto"
 
     def __post_init__(self) -> None:
         self.client = httpx.Client(base_url=self.url, timeout=self.timeout_s)  # keep-alive across prefills
-        self.answers: dict[tuple, tuple[int, str]] = {}
-        self.fallback = RulePolicy()
+        self.version: str | None = None  # the model version of the latest answer
+        self.answers: dict[tuple, tuple[int, float]] = {}  # (version, bucket) -> (chunk, answered at)
+        self.last_error = "no answer yet"
 
     def choose(self, request: RequestFeatures) -> Decision:
-        t0 = time.perf_counter()
-        key = bucket(request)
-        if key in self.answers:
-            chunk, version = self.answers[key]
-            return Decision(min(chunk, request.max_chunk), "cache", (time.perf_counter() - t0) * 1e3, version)
-        if self.breaker.allows():
-            try:
-                chunk, version = self._ask(request)
-                self.breaker.record(True)
-                self.answers[key] = (chunk, version)
-                return Decision(chunk, "service", (time.perf_counter() - t0) * 1e3, version)
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):  # timeout, refused, 5xx, garbage
-                self.breaker.record(False)
-        rule = self.fallback.choose(request)
-        return Decision(rule.chunk_size, "fallback", (time.perf_counter() - t0) * 1e3, None)
+        cached = self.answers.get((self.version, bucket(request)))
+        if cached is not None and time.monotonic() - cached[1] < self.cache_ttl_s:
+            return Decision(min(cached[0], request.max_chunk), "cache", self.version)
+        if not self.breaker.allows():
+            return fall_back(request, f"circuit breaker open after {self.breaker.failures} failures "
+                                      f"(last: {self.last_error})")
+        try:
+            chunk, version = self._ask(request)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
+            self.breaker.record(False)
+            self.last_error = failure_reason(exc, self.url, self.timeout_s)
+            return fall_back(request, self.last_error)
+        self.breaker.record(True)
+        if version != self.version:  # a promotion: answers of the old model go
+            self.version, self.answers = version, {}
+        self.answers[(version, bucket(request))] = (chunk, time.monotonic())
+        return Decision(chunk, "service", version)
 
     def _ask(self, request: RequestFeatures) -> tuple[int, str]:
         response = self.client.post("/v1/chunk-size", json=request_body(request, self.hardware))
@@ -113,7 +128,7 @@ class AutoPolicy:
         answer = response.json()
         chunk = answer["chunk_size"]
         if not isinstance(chunk, int) or not 1 <= chunk <= request.max_chunk:
-            raise ValueError(f"infeasible answer {chunk!r} (allowed 1..{request.max_chunk})")
+            raise ValueError(f"infeasible chunk {chunk!r} (allowed 1..{request.max_chunk})")
         return chunk, str(answer["model_version"])
 
     def close(self) -> None:
@@ -139,10 +154,8 @@ class InProcessPolicy:
         from predictor.model import Infeasible
         from predictor.schemas import ChunkRequest
 
-        t0 = time.perf_counter()
         try:
             decision = self.predictor.decide(ChunkRequest.model_validate(request_body(request, self.hardware)))
-        except (Infeasible, ValueError):  # the rule always has an answer
-            rule = RulePolicy().choose(request)
-            return Decision(rule.chunk_size, "fallback", (time.perf_counter() - t0) * 1e3, None)
-        return Decision(decision.chunk_size, "in-process", (time.perf_counter() - t0) * 1e3, decision.model_version)
+        except (Infeasible, ValueError) as exc:  # the rule always has an answer
+            return fall_back(request, f"the in-process model cannot answer: {str(exc).splitlines()[0]}")
+        return Decision(decision.chunk_size, "in-process", decision.model_version)

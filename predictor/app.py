@@ -12,6 +12,8 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
@@ -68,8 +70,14 @@ async def ready_state(request: Request) -> ServiceState:
     plain function in its thread pool, a thread hop per request)."""
     state: ServiceState = request.app.state.service
     if state.predictor is None:
+        state.metrics.rejections.labels("not_ready").inc()
         raise HTTPException(503, detail=f"not ready: {state.not_ready}")
     return state
+
+
+def refuse(state: ServiceState, exc: Infeasible) -> HTTPException:
+    state.metrics.rejections.labels(exc.reason).inc()
+    return HTTPException(422, detail=str(exc))
 
 
 Ready = Annotated[ServiceState, Depends(ready_state)]
@@ -100,19 +108,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     instrumentator.add(metrics.requests(registry=registry))
     instrumentator.add(metrics.latency(buckets=LATENCY_BUCKETS_S, registry=registry)).instrument(app)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        state.metrics.rejections.labels("invalid_request").inc()
+        return await request_validation_exception_handler(request, exc)
+
     @app.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
     async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
         try:
             return _response(*service.decide(body))
         except Infeasible as exc:
-            raise HTTPException(422, detail=str(exc)) from None
+            raise refuse(service, exc) from None
 
     @app.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})
     async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
         try:
             return BatchResponse(responses=[_response(*service.decide(r)) for r in body.requests])
         except Infeasible as exc:
-            raise HTTPException(422, detail=str(exc)) from None
+            raise refuse(service, exc) from None
 
     @app.get("/v1/model", responses={503: {}})
     async def model_info(service: Ready) -> dict:

@@ -16,6 +16,7 @@ import numpy as np
 
 from chunkpilot.config import DEFAULT_CHUNKS, PRESETS, ConfigError, ModelShape, feasible_chunks, hand_rule, max_chunk
 
+from .choice import pick
 from .features import base_log_ms, build
 from .schemas import Candidate, ChunkRequest, Hardware
 
@@ -23,7 +24,12 @@ TOP = 5  # candidates returned with their predictions
 
 
 class Infeasible(ValueError):
-    """A request no candidate can serve; the message says why (422)."""
+    """A request the model cannot answer; the message says why (422), `reason` names the kind
+    (counted by reason in /metrics)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -36,20 +42,23 @@ class Decision:
 
 
 def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:
-    """Descriptor fields for the features: a profiled machine's (its measurement at this dtype and
-    the nearest thread count), overridden by any fields the request gives."""
+    """Descriptor fields for the features: a profiled machine's own measurement at exactly this
+    dtype and thread count (what the model was trained on) wins; otherwise the request's fields,
+    over the profiled machine's nearest setting, if any."""
     found: dict = {}
     given = hardware.model_dump(exclude={"hardware_id"}, exclude_none=True)
     described = {"matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores"} <= set(given)
     machine = table.get(hardware.hardware_id) if hardware.hardware_id is not None else None
     if machine is None and not described:
         raise Infeasible(f"hardware.hardware_id {hardware.hardware_id!r} was not profiled (known: "
-                         f"{', '.join(table) or 'none'}); give its descriptors instead")
+                         f"{', '.join(table) or 'none'}); give its descriptors instead", "unknown_hardware")
     if machine is not None:
         measured = {tuple(k.split("/")): v for k, v in machine["descriptors"].items()}
         same_dtype = [k for k in measured if k[0] == dtype] or list(measured)
         nearest = min(same_dtype, key=lambda k: (abs(int(k[1]) - threads), k))
         found = {**machine["static"], **measured[nearest]}
+        if nearest == (dtype, str(threads)):
+            return {**given, **found}
     return {**found, **{k: v for k, v in given.items() if v or k not in found}}
 
 
@@ -59,6 +68,8 @@ class Predictor:
     booster: lgb.Booster
     hardware: dict  # hardware_id -> {"static": {...}, "descriptors": {"dtype/threads": {...}}}
     info: dict = field(default_factory=dict)  # shown by GET /v1/model
+    ranker: lgb.Booster | None = None  # its order within the config combined with the levels
+    rule_margin: float = 0.0  # the rule's size unless the pick is predicted to save more (training's recipe)
 
     def candidates(self, request: ChunkRequest) -> list[int]:
         n, att = request.context_length, request.attention
@@ -68,7 +79,7 @@ class Predictor:
             limit = max_chunk(n, att.window, att.layout)
             why = f"the context ({n})" if limit == n else f"the ring window ({att.window}) and the context ({n})"
             sizes = ", ".join(str(size) for size in asked)  # "full" sits among the numbers
-            raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}")
+            raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}", "no_feasible_candidate")
         return chosen
 
     def decide(self, request: ChunkRequest) -> Decision:
@@ -76,7 +87,7 @@ class Predictor:
         try:
             shape = PRESETS[request.model] if isinstance(request.model, str) else ModelShape(**request.model.model_dump())
         except ConfigError as exc:
-            raise Infeasible(f"model.{exc.field}: {exc.message}") from None
+            raise Infeasible(f"model.{exc.field}: {exc.message}", "bad_model") from None
         chunks = self.candidates(request)
         rule = min(hand_rule(n), max_chunk(n, att.window, att.layout))
         sizes = chunks + ([rule] if rule not in chunks else [])
@@ -94,13 +105,17 @@ class Predictor:
         # one thread: a dozen rows gain nothing from OpenMP, whose spinning stalls on a busy machine
         ms = np.exp(self.booster.predict(x, num_threads=1) + base_log_ms(x)).tolist()
         if not all(map(math.isfinite, ms)):
-            raise Infeasible("the model predicted a non-finite TTFT for this request")
+            raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
         order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
+        score = None if self.ranker is None else self.ranker.predict(x[: len(chunks)], num_threads=1).tolist()
+        best, _ = pick([math.log(v) for v in ms[: len(chunks)]], score, chunks.index(rule) if rule in chunks else None,
+                       self.rule_margin)
+        rule_ms = ms[sizes.index(rule)]
         return Decision(
-            chunk_size=chunks[order[0]],
-            predicted_ttft_ms=ms[order[0]],
+            chunk_size=chunks[best],
+            predicted_ttft_ms=ms[best],
             top=[Candidate(chunk_size=chunks[i], predicted_ttft_ms=ms[i]) for i in order[:TOP]],
-            rule=Candidate(chunk_size=rule, predicted_ttft_ms=ms[sizes.index(rule)]),
+            rule=Candidate(chunk_size=rule, predicted_ttft_ms=rule_ms),
             model_version=self.version,
         )
 
@@ -152,11 +167,16 @@ def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
         hardware = json.loads(Path(mlflow.artifacts.download_artifacts(
             run_id=version.run_id, artifact_path="hardware.json", tracking_uri=tracking_uri)).read_text())
         run = client.get_run(version.run_id)
+        recipe = json.loads(run.data.params.get("lgbm_params", "{}"))
+        ranker = lgb.Booster(model_file=mlflow.artifacts.download_artifacts(
+            run_id=version.run_id, artifact_path="ranker.lgb", tracking_uri=tracking_uri)) if recipe.get("rank_with_ranker") else None
+    rule_margin = float(recipe.get("rule_margin", 0.0))
     info = {
         "name": name, "alias": alias, "version": str(version.version), "run_id": version.run_id,
-        "trained_on_rows": int(run.data.params.get("rows", 0)),
+        "trained_on_rows": int(run.data.params.get("rows", 0)), "rule_margin": rule_margin,
+        "ranker": ranker is not None,
         "held_out": {k: v for k, v in run.data.metrics.items() if not math.isnan(v)},
     }
-    predictor = Predictor(str(version.version), booster, hardware, info)
+    predictor = Predictor(str(version.version), booster, hardware, info, ranker, rule_margin)
     predictor.decide(smoke_request(hardware))
     return predictor

@@ -14,7 +14,6 @@ from .schemas import ChunkRequest
 from .settings import Settings
 
 
-
 class ServiceMetrics:
     """The service's own Prometheus metrics, in the app's registry (one per app, so tests can
     build several apps in one process)."""
@@ -22,6 +21,8 @@ class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.decisions = Counter("chunkpilot_decisions", "Chunk-size decisions by chosen size and source",
                                  ["chunk_size", "source"], registry=registry)
+        self.rejections = Counter("chunkpilot_rejections", "Requests refused (4xx/503), by reason", ["reason"],
+                                  registry=registry)
         self.reloads = Counter("chunkpilot_model_reloads", "Model loads by outcome", ["outcome"], registry=registry)
         self.model_version = Gauge("chunkpilot_model_version", "Registered model version being served",
                                    registry=registry)

@@ -42,13 +42,13 @@ def run(args: argparse.Namespace) -> int:
     if not report.measured and not report.already_done:
         print("nothing measured yet", file=sys.stderr)
         return 130 if report.interrupted else 0
-    dataset = read_dataset(args.out / spec.name)
+    dataset = read_dataset(report.directory)  # this machine's rows: another's share the config keys
     print(format_summary(summarize(dataset)))
     print(f"{len(report.measured)} configs measured in {report.seconds / 60:.1f} min, {report.already_done} were done, "
           f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "
-          f"dataset: {len(dataset)} rows in {args.out / spec.name}")
+          f"dataset: {len(dataset)} rows in {report.directory}")
     if not args.no_mlflow:
-        run_id = log_run(spec, args.out, report, dataset, budget)
+        run_id = log_run(spec, report, dataset, budget)
         print(f"logged to MLflow experiment 'profiling', run {run_id}")
     if report.interrupted:
         print("interrupted: finished configs are saved; rerun the same command to resume", file=sys.stderr)

@@ -97,6 +97,8 @@ def measure_config(pool: EnginePool, config: ProfileConfig, spec: Spec, hardware
             "first_decode_ms": statistics.median(r.first_decode_ms for r in results),
             "ttft_ms": statistics.median(ttft), "ttft_iqr_ms": iqr, "ttft_cv": cv_c, "repeats": len(ttft),
             "ttft_repeats_ms": ttft, "prefill_repeats_ms": [r.prefill_ms for r in results],
+            # chunk i runs after i * c tokens of history: per-chunk medians train a cost per chunk
+            "chunk_ms": [statistics.median(times) for times in zip(*(r.chunk_ms for r in results))],
             "kv_cache_bytes": results[0].kv_cache_bytes,
             "peak_memory_bytes": max(r.peak_memory_bytes for r in results),
         })

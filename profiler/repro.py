@@ -40,11 +40,14 @@ def compare(key: str, old: dict[int, float], new: dict[int, float], new_cv: dict
 
 
 def check_reproducibility(spec: Spec, out: Path, sample: int) -> list[ReproRow]:
-    dataset = read_dataset(out / spec.name)
+    from .run import machine_dir
+
+    directory = machine_dir(out, spec)  # this machine's own measurements, not another's
+    dataset = read_dataset(directory)
     by_key = {c.key: c for c in spec.configs}
     finished = sorted(k for k in dataset.config_key.unique() if k in by_key)
     if not finished:
-        raise ConfigError("spec", f"no finished config of spec {spec.name!r} under {out / spec.name}")
+        raise ConfigError("spec", f"no finished config of spec {spec.name!r} under {directory}")
     chosen = random.Random(0).sample(finished, min(sample, len(finished)))
     rows = []
     with Worker(spec, out.parent / "hardware") as worker:  # a new process, as a later run would have

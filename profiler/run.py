@@ -14,7 +14,7 @@ import pandas as pd
 
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
-from .store import finished_keys, write_config
+from .store import LISTS, finished_keys, write_config
 from .worker import Worker, WorkerError
 
 
@@ -31,6 +31,7 @@ def describe(config: ProfileConfig) -> str:
 
 @dataclass
 class RunReport:
+    directory: Path  # this machine's folder of the spec
     measured: list[str] = field(default_factory=list)  # config keys finished by this run
     already_done: int = 0
     over_budget: int = 0
@@ -40,9 +41,16 @@ class RunReport:
     interrupted: bool = False
 
 
+def machine_dir(out: Path, spec: Spec) -> Path:
+    """Where this machine's files of the spec go: each machine measures every config itself."""
+    from engine.hardware import fingerprint
+
+    return out / spec.name / fingerprint()["hardware_id"]
+
+
 def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> RunReport:
-    directory = out / spec.name
-    report = RunReport()
+    directory = machine_dir(out, spec)
+    report = RunReport(directory)
     done = finished_keys(directory)
     shapes = {m: known_shape(m) for m in dict.fromkeys(c.model for c in spec.configs)}
     plan: list[ProfileConfig] = []
@@ -97,7 +105,7 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
     return report
 
 
-def log_run(spec: Spec, out: Path, report: RunReport, dataset: pd.DataFrame, budget_minutes: float | None) -> str:
+def log_run(spec: Spec, report: RunReport, dataset: pd.DataFrame, budget_minutes: float | None) -> str:
     """The run as an MLflow run in the `profiling` experiment, the dataset as its input."""
     import mlflow
 
@@ -119,6 +127,6 @@ def log_run(spec: Spec, out: Path, report: RunReport, dataset: pd.DataFrame, bud
             "noisy_configs": int(dataset.groupby("config_key").noisy.first().sum()),
         })
         mlflow.log_dict(spec.source, "spec.yaml")
-        lineage = dataset.drop(columns=["ttft_repeats_ms", "prefill_repeats_ms"])  # MLflow schemas hold scalars
-        mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(out / spec.name), name=spec.name), context="profiling")
+        lineage = dataset.drop(columns=LISTS)
+        mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(report.directory), name=spec.name), context="profiling")
         return run.info.run_id

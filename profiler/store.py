@@ -1,4 +1,5 @@
-"""The TTFT dataset on disk: one Parquet file per finished config under data/ttft/<spec name>/.
+"""The TTFT dataset on disk: one Parquet file per finished config under
+data/ttft/<spec name>/<hardware id>/ (a spec measured on two machines keeps both).
 
 Each file is written whole and renamed into place, so a kill at any moment leaves either the
 finished file or none (a stray temporary file is ignored and removed on the next run). Rows are
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 
 from chunkpilot.config import ConfigError
 
-HARNESS_VERSION = "1"
+HARNESS_VERSION = "2"  # 2: per-chunk times (`chunk_ms`); files of version 1 still read, without them
 TMP_PREFIX = ".tmp-"
 
 _int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()
@@ -40,6 +41,7 @@ SCHEMA = pa.schema(
         ("tokenize_ms", _float), ("prefill_ms", _float), ("first_decode_ms", _float), ("ttft_ms", _float),
         ("ttft_iqr_ms", _float), ("ttft_cv", _float), ("repeats", _int),
         ("ttft_repeats_ms", pa.list_(_float)), ("prefill_repeats_ms", pa.list_(_float)),
+        ("chunk_ms", pa.list_(_float)),
         ("kv_cache_bytes", _int), ("peak_memory_bytes", _int),
         ("noisy", _bool), ("remeasured", _int),
         ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC")),
@@ -47,6 +49,8 @@ SCHEMA = pa.schema(
     ]
 )
 COLUMNS = SCHEMA.names
+LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset schemas hold scalars only
+OPTIONAL = {"chunk_ms": None}  # columns older files lack, and what a row of such a file reads as
 # (column, lowest allowed, strictly above it?) for the numeric checks
 _LOWER_BOUNDS = {
     "num_layers": (1, False), "hidden_size": (1, False), "num_heads": (1, False), "num_kv_heads": (1, False),
@@ -68,10 +72,10 @@ class DataError(ConfigError):
 
 def validate(df: pd.DataFrame, where: str) -> None:
     """Refuse the first bad row with a message naming the file, the row and the rule it breaks."""
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in COLUMNS if c not in df.columns and c not in OPTIONAL]
     if missing:
         raise DataError("data", f"{where}: missing columns {', '.join(missing)}")
-    for i, row in enumerate(df[COLUMNS].itertuples(index=False)):
+    for i, row in enumerate(df[[c for c in COLUMNS if c in df.columns]].itertuples(index=False)):
         values = row._asdict()
         for column, (low, strict) in _LOWER_BOUNDS.items():
             v = values[column]
@@ -86,11 +90,15 @@ def validate(df: pd.DataFrame, where: str) -> None:
         repeats = values["ttft_repeats_ms"]
         if repeats is None or len(repeats) != values["repeats"] or not all(x > 0 for x in repeats):
             raise DataError("ttft_repeats_ms", f"{where} row {i}: needs {values['repeats']} positive times, got {repeats!r}")
+        chunk_ms = values.get("chunk_ms")
+        if chunk_ms is not None and (len(chunk_ms) != values["num_chunks"] or not all(x > 0 for x in chunk_ms)):
+            raise DataError("chunk_ms", f"{where} row {i}: needs {values['num_chunks']} positive chunk times, got {list(chunk_ms)!r}")
 
 
 def write_config(directory: Path, key: str, rows: pd.DataFrame) -> Path:
     """Validate, then write the config's rows atomically (temporary file, fsync, rename)."""
     validate(rows, f"config {key}")
+    rows = with_optional(rows)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{key}.parquet"
     tmp = directory / f"{TMP_PREFIX}{key}-{os.getpid()}.parquet"
@@ -124,11 +132,17 @@ def read_file(path: Path) -> pd.DataFrame:
     except (OSError, pa.ArrowException) as exc:
         raise DataError("data", f"{path} is not a readable Parquet file: {str(exc).splitlines()[0]}") from None
     validate(df, str(path))
-    return df
+    return with_optional(df)
+
+
+def with_optional(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of an older schema version with the columns it lacked, as `OPTIONAL` says."""
+    missing = {c: v for c, v in OPTIONAL.items() if c not in df.columns}
+    return df.assign(**missing) if missing else df
 
 
 def read_dataset(root: Path) -> pd.DataFrame:
-    """Every config file under `root` (a dataset folder or data/ttft), checked row by row."""
+    """Every config file under `root` (data/ttft, a spec's folder or one machine's), checked row by row."""
     files = sorted(p for p in Path(root).rglob("*.parquet") if not p.name.startswith(TMP_PREFIX))
     if not files:
         raise DataError("data", f"no dataset files under {root}")

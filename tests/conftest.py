@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the engine's per-user cache (measured hardware descriptors): the tests' own, never the user's
+os.environ.setdefault("CHUNKPILOT_CACHE_DIR", tempfile.mkdtemp(prefix="chunkpilot-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -172,6 +172,27 @@ def test_in_process_mode_gives_the_same_choice(server, trained_store):
     assert (local.source, local.chunk_size, local.model_version) == ("in-process", over_http.chunk_size, "1")
 
 
+def test_the_served_decision_follows_the_trained_recipe(trained_store):
+    """The champion's own predictions; only the decision's recipe (ranker, margin) changes."""
+    import dataclasses
+
+    from predictor.model import load_predictor
+    from predictor.schemas import ChunkRequest
+
+    served = load_predictor(trained_store, "chunk-size-predictor", "champion")
+    assert served.ranker is not None and served.rule_margin == 0.0  # the default recipe
+    assert served.info["ranker"] is True
+    request = ChunkRequest.model_validate(body(attention={"window": None}, context_length=6000))
+    levels_only = dataclasses.replace(served, ranker=None)
+    plain = levels_only.decide(request)
+    assert plain.chunk_size == plain.top[0].chunk_size  # without the ranker: the argmin
+    cautious = dataclasses.replace(levels_only, rule_margin=10.0).decide(request)  # nothing saves 1000%
+    assert cautious.chunk_size == cautious.rule.chunk_size == 768  # the hand rule at 6000 tokens
+    saving = plain.rule.predicted_ttft_ms / plain.predicted_ttft_ms - 1
+    just_below = dataclasses.replace(levels_only, rule_margin=saving * 0.99).decide(request)
+    assert just_below.chunk_size == plain.chunk_size
+
+
 def test_not_ready_without_a_model_then_ready_when_one_appears(tmp_path, small_dataset, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'empty.db'}"
     with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=0.2))) as url:
@@ -262,11 +283,13 @@ def test_schemathesis_finds_no_server_errors(server):
 
 def test_demo_comparison_table(server):
     from chunkpilot.demo import compare_with_service
+    from engine.evaluate import PromptCase
 
-    prompts = [(200, None, "shift", 0), (300, 64, "ring", 4)]
-    table = compare_with_service("llama-tiny", server, repeats=1, prompts=prompts)
+    table = compare_with_service("llama-tiny", server, max_rounds=2, cases=[PromptCase(200), PromptCase(300, 64, "ring", 4)])
     lines = table.splitlines()
     assert lines[0].split()[:4] == ["prompt", "auto", "fixed", "1024"]
     assert lines[1].startswith("200 tok, no window") and lines[2].startswith("300 tok, w64 ring s4")
     assert lines[3].startswith("total TTFT") and lines[4].startswith("mean regret vs best")
-    assert "auto's decisions came from: cache" in lines[5]  # the warm-up asked the service once per bucket
+    assert "auto decided from: service" in lines[5]  # asked once per prompt, before measuring
+    assert lines[6].startswith("auto vs hand rule:") and "95% CI [" in lines[6]
+    assert lines[7].startswith("auto vs fixed 1024:")

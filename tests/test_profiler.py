@@ -19,7 +19,7 @@ from chunkpilot.cli import main
 from chunkpilot.config import ConfigError
 from profiler.plan import space_filling_order
 from profiler.spec import ProfileConfig, Spec
-from profiler.store import COLUMNS, DataError, finished_keys, read_dataset, validate, write_config
+from profiler.store import COLUMNS, DataError, finished_keys, read_dataset, read_file, validate, write_config
 from profiler.summary import summarize
 
 TINY = {
@@ -106,7 +106,7 @@ def fixture_rows(key: str, n: int, ttft: dict[int, float], window: int = 0, layo
         k = math.ceil(n / chunk)
         rows.append({**base, "chunk_size": chunk, "is_full": chunk == n, "num_chunks": k, "last_chunk": n - (k - 1) * chunk,
                      "prefill_ms": ms - 2, "ttft_ms": ms, "ttft_repeats_ms": [ms, ms], "prefill_repeats_ms": [ms - 2] * 2})
-    return pd.DataFrame(rows)[COLUMNS]
+    return pd.DataFrame(rows)[[c for c in COLUMNS if c != "chunk_ms"]]  # a version-1 row: no per-chunk times
 
 
 @pytest.mark.parametrize(
@@ -123,6 +123,16 @@ def test_schema_refuses_bad_rows_naming_them(tmp_path, column, value, message):
     assert finished_keys(tmp_path) == set()  # nothing half-written
     with pytest.raises(DataError, match="missing columns ttft_ms"):
         validate(rows.drop(columns=["ttft_ms"]), "x")
+
+
+def test_version_1_files_read_without_chunk_times_and_bad_chunk_times_are_refused(tmp_path):
+    shipped = next(Path(__file__).parents[1].glob("data/ttft/cpu-shipped/664de6bcf2e9/*.parquet"))
+    assert read_file(shipped).chunk_ms.isna().all()  # measured before the column existed
+    rows = fixture_rows("new", 100, {64: 5.0, 100: 4.0}).assign(chunk_ms=[[2.0, 1.0], [3.0]])
+    write_config(tmp_path, "new", rows)
+    assert [list(x) for x in read_dataset(tmp_path).set_index("config_key").loc["new"].chunk_ms] == [[2.0, 1.0], [3.0]]
+    with pytest.raises(DataError, match="chunk_ms: .* row 1: needs 1 positive chunk times"):
+        write_config(tmp_path, "bad", rows.assign(chunk_ms=[[2.0, 1.0], [1.0, 2.0]]))
 
 
 def test_reading_a_corrupt_file_is_refused(tmp_path):
@@ -189,7 +199,7 @@ def test_sweep_killed_at_random_moments_resumes_exactly(tmp_path):
     moments = random.Random(7)
 
     def finished() -> int:  # counted without finished_keys, which would clear the writer's temporaries
-        return sum(1 for f in (out / "killme").glob("*.parquet") if not f.name.startswith(".tmp-"))
+        return sum(1 for f in (out / "killme").rglob("*.parquet") if not f.name.startswith(".tmp-"))
 
     for _ in range(5):
         before = finished()
@@ -209,14 +219,14 @@ def test_sweep_killed_at_random_moments_resumes_exactly(tmp_path):
     expected = {c.key for c in Spec.from_dict(spec_dict).configs}
     assert set(df.config_key) == expected
     assert not df.duplicated(["config_key", "chunk_size"]).any()
-    assert not list((out / "killme").glob(".tmp-*"))
+    assert not list((out / "killme").rglob(".tmp-*"))
 
 
 def test_budget_mode_measures_what_fits_and_says_what_it_left_out(tmp_path, capsys):
     spec = write_spec(tmp_path, {**TINY, "name": "budget", "sweeps": [{**TINY["sweeps"][0], "contexts": [40, 100, 400, 1600]}]})
     assert main(["profile", "--spec", str(spec), "--out", str(tmp_path / "ttft"), "--budget-minutes", "0.05", "--no-mlflow"]) == 0
     out = capsys.readouterr().out
-    measured = len(finished_keys(tmp_path / "ttft" / "budget"))
+    measured = len(list((tmp_path / "ttft" / "budget").rglob("*.parquet")))
     assert 1 <= measured < 8 and f"{measured} configs measured" in out and f"{8 - measured} left out by the budget" in out
 
 

@@ -12,7 +12,7 @@ import servers
 
 from chunkpilot.cli import main
 from training.data import load_table
-from training.policies import TTFTRegressor, baselines
+from training.policies import DEFAULT_PARAMS, TTFTRegressor, baselines, variants
 from training.registry import MODEL_NAME, judge
 
 
@@ -59,7 +59,7 @@ def test_every_policy_chooses_a_measured_feasible_chunk(small_dataset):
     table = load_table(small_dataset)
     groups = table.configs.group.to_numpy()
     train, test = table.subset(groups[::2]), table.subset(groups[1::2])
-    for policy in [TTFTRegressor(), *baselines()]:
+    for policy in [TTFTRegressor(), *baselines(), *variants(DEFAULT_PARAMS, table.rows)]:
         policy.fit(train)
         chosen = policy.choose(test).chunks
         for g, rows in test.rows.groupby("group"):
@@ -81,6 +81,22 @@ def _has_alias(client, alias: str) -> bool:
         return True
     except MlflowException:
         return False
+
+
+def test_per_chunk_rows_follow_each_candidate_s_chunks(small_dataset):
+    from training.chunk_cost import PerChunkCost, expand
+
+    table = load_table(small_dataset)
+    owner, q, h = expand(table)
+    rows = table.rows
+    assert len(owner) == rows.num_chunks.sum() == sum(len(ms) for ms in rows.chunk_ms)
+    first = rows.index[(rows.context_length == 400) & (rows.chunk_size == 128)][0]
+    mine = owner == first
+    assert q[mine].tolist() == [128, 128, 128, 16] and h[mine].tolist() == [0, 128, 256, 384]
+    model = PerChunkCost()
+    model.fit(table)
+    predicted = model.predict_ms(table)
+    assert predicted.shape == (len(rows),) and (predicted > 0).all()
 
 
 def test_gate_promotes_only_a_strictly_better_model():
@@ -107,13 +123,15 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     runs = client.search_runs([client.get_experiment_by_name("chunk-size").experiment_id])
     names = {r.info.run_name for r in runs}
     assert names >= {"lgbm-regressor", "fixed-1024", "best-fixed", "hand-rule", "analytic-fit", "nearest-config",
-                     "lgbm-classifier", "lgbm-ranker"}
+                     "lgbm-classifier", "lgbm-ranker", "lgbm-argmin", "lgbm-rule-margin", "lgbm-do-no-harm", "lgbm-per-chunk"}
+    do_no_harm = next(r for r in runs if r.info.run_name == "lgbm-do-no-harm")
+    assert do_no_harm.data.tags["role"] == "variant" and 0 <= do_no_harm.data.metrics["deferred"] <= 1
     model_runs = [r for r in runs if r.data.tags.get("role") == "model"]
     baseline_runs = [r for r in runs if r.data.tags.get("role") == "baseline"]
     assert {"mean_regret", "mean_regret.context"} <= set(model_runs[0].data.metrics)
     assert {"mean_regret", "mean_regret.context"} <= set(baseline_runs[0].data.metrics)  # one view compares them
     artifacts = {a.path for a in client.list_artifacts(model_runs[-1].info.run_id)}
-    assert {"regret_cdf.png", "predicted_vs_measured.png", "best_chunk_heatmap.png", "feature_importance.json"} <= artifacts
+    assert {"regret_cdf.png", "predicted_vs_measured.png", "best_chunk_heatmap.png", "feature_importance.json", "ranker.lgb"} <= artifacts
     assert model_runs[-1].inputs.dataset_inputs[0].dataset.name == "ttft"
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from chunkpilot.config import hand_rule
-
 from .data import Table
-from .policies import Choice, closest_measured, limited
+from .policies import Choice, closest_measured, limited, rule_chunk
 
-METRICS = ("mean_regret", "p95_regret", "top1", "within_5pct", "mape", "saved_vs_1024", "saved_vs_rule")
+METRICS = ("mean_regret", "p95_regret", "top1", "within_5pct", "mape", "saved_vs_1024", "saved_vs_rule", "deferred")
 
 
 def records(test: Table, choice: Choice) -> pd.DataFrame:
@@ -25,7 +23,8 @@ def records(test: Table, choice: Choice) -> pd.DataFrame:
             "group": g, "context_length": n, "window": int(r.window.iloc[0]), "chosen": choice.chunks[g],
             "best_chunk": int(chunks[ttft.argmin()]), "ttft_chosen": at[choice.chunks[g]], "ttft_best": ttft.min(),
             "ttft_1024": at[closest_measured(chunks, limited(r, 1024))],
-            "ttft_rule": at[closest_measured(chunks, limited(r, hand_rule(n)))],
+            "ttft_rule": at[rule_chunk(r)],
+            "deferred": None if choice.deferred is None else g in choice.deferred,
         })
     frame = pd.DataFrame(out)
     frame["regret"] = frame.ttft_chosen / frame.ttft_best - 1
@@ -50,4 +49,6 @@ def summarize(frame: pd.DataFrame) -> dict[str, float]:
         "mape": float(frame.ape.mean()) if "ape" in frame else float("nan"),
         "saved_vs_1024": _saved(frame, "ttft_1024"),
         "saved_vs_rule": _saved(frame, "ttft_rule"),
+        # how often a do-no-harm policy took the rule's size (NaN for the others: not logged)
+        "deferred": float(frame.deferred.mean()) if frame.deferred.notna().all() else float("nan"),
     }

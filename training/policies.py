@@ -5,6 +5,7 @@ group, the chosen chunk size among that group's measured (feasible) candidates."
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import lightgbm as lgb
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.config import hand_rule, max_chunk
+from predictor.choice import pick
 from predictor.features import FEATURES, MONOTONE, _keys_sum, base_log_ms, history_sum
 
 from .data import Table
@@ -21,8 +23,11 @@ CHUNK_DEPENDENT = {"chunk_size", "num_chunks", "last_chunk", "chunk_over_context
 CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEPENDENT]
 # 120 trees of 15 leaves: as good on held-out configs as 400 of 31 (README, Training) at a third of
 # the serving time, which the decision's 0.2 ms budget needs
+# rank_with_ranker, rule_margin: how the decision uses the predictions (predictor/choice.py); the
+# service reads both from the registered run's params
 DEFAULT_PARAMS = {"num_boost_round": 120, "learning_rate": 0.1, "num_leaves": 15, "min_data_in_leaf": 5,
-                  "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.9}
+                  "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.9, "rule_margin": 0.0,
+                  "rank_with_ranker": True}
 
 
 def closest_measured(candidates: np.ndarray, chunk: int) -> int:
@@ -37,6 +42,11 @@ def limited(rows: pd.DataFrame, chunk: int) -> int:
     return min(chunk, max_chunk(int(first.context_length), int(first.window) or None, first.layout))
 
 
+def rule_chunk(rows: pd.DataFrame) -> int:
+    """The hand rule's size among a config's measured candidates."""
+    return closest_measured(rows.chunk_size.to_numpy(), limited(rows, hand_rule(int(rows.context_length.iloc[0]))))
+
+
 def _quiet_lgb(**params) -> dict:
     # one thread: these tables are small, and a second would spin-wait against other work
     return {"verbose": -1, "num_threads": 1, "seed": 0, **params}
@@ -46,6 +56,7 @@ def _quiet_lgb(**params) -> dict:
 class Choice:
     chunks: dict[str, int]  # group -> chosen chunk size
     predicted_ms: np.ndarray | None = None  # per test row, for regressors
+    deferred: set[str] | None = None  # groups where a do-no-harm policy took the rule's size instead
 
 
 class FixedChunk:
@@ -87,8 +98,7 @@ class HandRule:
         pass
 
     def choose(self, test: Table) -> Choice:
-        return Choice({g: closest_measured(r.chunk_size.to_numpy(), limited(r, hand_rule(int(r.context_length.iloc[0]))))
-                       for g, r in test.rows.groupby("group", sort=False)})
+        return Choice({g: rule_chunk(r) for g, r in test.rows.groupby("group", sort=False)})
 
 
 def _argmin(test: Table, predicted: np.ndarray) -> dict[str, int]:
@@ -204,7 +214,10 @@ class ChunkRanker:
 @dataclass
 class TTFTRegressor:
     """The model: LightGBM on log TTFT per (config, chunk size), learning the correction to the
-    analytic estimate (`base_log_ms`, part of the serving contract); the argmin over candidates wins."""
+    analytic estimate (`base_log_ms`, part of the serving contract). With `rank_with_ranker` an
+    LGBMRanker's order within the config is combined with the regressor's levels; with
+    `rule_margin` the hand rule's size is kept unless the pick is predicted to save more than that
+    (predictor/choice.py: the same decision the service makes)."""
 
     params: dict = field(default_factory=lambda: dict(DEFAULT_PARAMS))
     name: str = "lgbm-regressor"
@@ -212,15 +225,75 @@ class TTFTRegressor:
     def fit(self, train: Table) -> None:
         params = _quiet_lgb(objective="regression", monotone_constraints=list(MONOTONE), **{**DEFAULT_PARAMS, **self.params})
         rounds = params.pop("num_boost_round")
+        self.rule_margin, ranked = params.pop("rule_margin"), params.pop("rank_with_ranker")
         data = lgb.Dataset(train.x, train.y - base_log_ms(train.x), feature_name=list(FEATURES), free_raw_data=False)
         self.booster = lgb.train(params, data, num_boost_round=rounds)
+        self.ranker = ChunkRanker() if ranked else None
+        if self.ranker is not None:
+            self.ranker.fit(train)
 
     def predict_log_ms(self, table: Table) -> np.ndarray:
         return self.booster.predict(table.x) + base_log_ms(table.x)
 
     def choose(self, test: Table) -> Choice:
-        predicted = self.predict_log_ms(test)
-        return Choice(_argmin(test, predicted), np.exp(predicted))
+        level = self.predict_log_ms(test)
+        score = None if self.ranker is None else self.ranker.model.predict(test.x)
+        return choose_per_group(test, level, score, lambda i, best, rule: self.rule_margin)
+
+
+def choose_per_group(test: Table, level: np.ndarray, score: np.ndarray | None,
+                     margin: Callable[[np.ndarray, int, int], float]) -> Choice:
+    """predictor.choice.pick for every held-out config; `margin(rows, argmin, rule)` (positions
+    within the config) gives its rule margin."""
+    chunks, deferred = {}, set()
+    for g, r in test.rows.groupby("group", sort=False):
+        i = r.index.to_numpy()
+        rule = int(np.flatnonzero(r.chunk_size.to_numpy() == rule_chunk(r))[0])
+        best, to_rule = pick(level[i].tolist(), None if score is None else score[i].tolist(), rule,
+                             margin(i, int(np.argmin(level[i])), rule))
+        chunks[g] = int(r.chunk_size.iloc[best])
+        if to_rule:
+            deferred.add(g)
+    return Choice(chunks, np.exp(level), deferred)
+
+
+@dataclass
+class DoNoHarm:
+    """An ensemble of regressors (seeds and bagging differ); the argmin of their mean log TTFT,
+    unless its predicted saving over the hand rule's size is within `z` standard deviations of the
+    members' disagreement: then the rule's size, whose worst case users already know."""
+
+    params: dict = field(default_factory=lambda: dict(DEFAULT_PARAMS))
+    members: int = 5
+    z: float = 1.0
+    name: str = "lgbm-do-no-harm"
+
+    def fit(self, train: Table) -> None:
+        self.models = []
+        for seed in range(self.members):
+            model = TTFTRegressor({**self.params, "seed": seed, "bagging_fraction": 0.7, "feature_fraction": 0.7,
+                                   "rule_margin": 0.0, "rank_with_ranker": False})
+            model.fit(train)
+            self.models.append(model)
+
+    def choose(self, test: Table) -> Choice:
+        predicted = np.stack([m.predict_log_ms(test) for m in self.models])  # [K, rows]
+        sd = predicted.std(0)
+        return choose_per_group(test, predicted.mean(0), None,
+                                lambda i, best, rule: float(np.expm1(self.z * np.hypot(sd[i][best], sd[i][rule]))))
+
+
+def variants(params: dict, rows: pd.DataFrame) -> list:
+    """Other models, judged beside the default on the same slices (any that equals it is left
+    out): the regressor alone, with the ranker's order, with a 5% rule margin, the ensemble, and
+    the per-chunk cost model where every row has per-chunk times (dataset v2)."""
+    from .chunk_cost import PerChunkCost
+
+    plain = {**params, "rule_margin": 0.0, "rank_with_ranker": False}
+    others = [TTFTRegressor(plain, "lgbm-argmin"), TTFTRegressor({**plain, "rank_with_ranker": True}, "lgbm-rank-level"),
+              TTFTRegressor({**plain, "rule_margin": 0.05}, "lgbm-rule-margin")]
+    per_chunk = [PerChunkCost(params)] if rows.chunk_ms.notna().all() else []
+    return [v for v in others if {**DEFAULT_PARAMS, **v.params} != {**DEFAULT_PARAMS, **params}] + [DoNoHarm(params), *per_chunk]
 
 
 def baselines() -> list:

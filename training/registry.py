@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 
 MODEL_NAME = "chunk-size-predictor"
+LEGACY = {"rule_margin": 0.0, "rank_with_ranker": False}  # what a recipe logged before these keys existed did
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ def current_champion(client) -> tuple[str, dict] | None:
     except MlflowException:
         return None
     params = json.loads(client.get_run(version.run_id).data.params.get("lgbm_params", "{}"))
-    return version.version, params
+    return version.version, {**LEGACY, **params}
 
 
 def judge(new_regret: float, champion: tuple[str, float] | None) -> Verdict:

@@ -1,6 +1,7 @@
 """Group-aware held-out slices: whole configs are held out, never single rows, so a model is judged
 on configs it has not seen: (a) unseen context lengths, (b) unseen model shapes, (c) unseen
-windows, (d) an unseen hardware setting (a thread count, a dtype, a machine)."""
+windows, (d) unseen hardware: a machine when the data holds several, else a thread count or a
+dtype, and (e) with several machines, a model shape and a machine held out together."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def make_slices(configs: pd.DataFrame, context_folds: int = 3) -> dict[str, list
     windowed = configs[configs.window > 0]  # "no window" stays in training: it is not a window to generalise to
     window = [(np.concatenate([configs.group[configs.window == 0].to_numpy(), train]), test)
               for train, test in _leave_one_out(windowed, "window")]
-    hardware = [fold for column in ("threads", "dtype", "hardware_id") for fold in _leave_one_out(configs, column)]
+    machines = _leave_one_out(configs, "hardware_id")
+    hardware = machines or [fold for column in ("threads", "dtype") for fold in _leave_one_out(configs, column)]
     slices = {"context": context, "model": _leave_one_out(configs, "model"), "window": window, "hardware": hardware}
+    if machines:  # train on neither the shape nor the machine; test on that shape on that machine
+        slices["model-machine"] = [
+            (configs.group[(configs.model != m) & (configs.hardware_id != h)].to_numpy(),
+             configs.group[(configs.model == m) & (configs.hardware_id == h)].to_numpy())
+            for m in sorted(configs.model.unique()) for h in sorted(configs.hardware_id.unique())
+        ]
     return {name: [f for f in folds if len(f[0]) and len(f[1])] for name, folds in slices.items() if folds}

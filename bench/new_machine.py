@@ -1,0 +1,55 @@
+"""How the model does on a machine it never saw, before and after a short profile of that machine.
+
+The shipped data holds two machines. Every policy is trained without any row of the new machine
+("before"), then with the configs a 5-minute profile of it measures added ("after": the first
+configs of its space-filling sweep, in the order measured, whose measuring time adds up to at most
+`--minutes`), and judged on the new machine's other configs, the same ones in both rows.
+
+    .venv/bin/python bench/new_machine.py [--data data/ttft/cpu-shipped] [--machine ID] [--minutes 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.data import load_table  # noqa: E402
+from training.metrics import records, summarize  # noqa: E402
+from training.policies import DEFAULT_PARAMS, FixedChunk, HandRule, TTFTRegressor, variants  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path("data/ttft/cpu-shipped"))
+    parser.add_argument("--machine", help="the machine held out (default: the one with the newest rows)")
+    parser.add_argument("--minutes", type=float, default=5.0, help="the short profile's budget")
+    args = parser.parse_args()
+    table = load_table(args.data)
+    configs = table.rows.drop_duplicates("group")
+    machine = args.machine or configs.sort_values("started_at").hardware_id.iloc[-1]
+    new = configs[configs.hardware_id == machine].sort_values("started_at")
+    old = configs[configs.hardware_id != machine].group.to_numpy()
+    spent = (new.finished_at - new.started_at).dt.total_seconds().cumsum()
+    profiled = new.group[spent <= 60 * args.minutes].to_numpy()
+    judged = new.group[spent > 60 * args.minutes].to_numpy()
+    print(f"new machine {machine} ({new.device_name.iloc[0]}): {len(new)} configs; a {args.minutes:g}-minute profile "
+          f"measures {len(profiled)}, the other {len(judged)} are judged; {len(old)} configs of other machines")
+    policies = [FixedChunk(1024), HandRule(), TTFTRegressor(), *variants(DEFAULT_PARAMS, table.subset(old).rows)]
+    test = table.subset(judged)
+    print(f"\n{'policy':<18}{'':>8}{'mean':>8}{'p95':>8}{'within5%':>10}{'MAPE':>8}")
+    for policy in policies:
+        for label, train in (("before", old), ("after", [*old, *profiled])):
+            fitted = copy.copy(policy)
+            fitted.fit(table.subset(train))
+            m = summarize(records(test, fitted.choose(test)))
+            mape = f"{m['mape']:>8.1%}" if m["mape"] == m["mape"] else f"{'':>8}"
+            print(f"{policy.name:<18}{label:>8}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['within_5pct']:>10.0%}{mape}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

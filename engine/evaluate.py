@@ -1,0 +1,182 @@
+"""Policies compared on prompts so that the comparison can tell them apart.
+
+Each policy is asked once per prompt for its chunk size. Then every distinct size of the prompt
+(every feasible size, each policy's choice among them) is measured once per round, rounds
+interleaved over the prompts with the order rotated, after a warm-up round. A policy's TTFT on a
+prompt is the median over rounds of the size it chose: two policies that choose the same size get
+the same number, and the measured best is the minimum of those same medians, so no regret is
+negative. Rounds are added until the 95% interval of each saving (paired bootstrap over rounds)
+excludes zero or is narrower than `precision`, up to `max_rounds`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from chunkpilot.config import DEFAULT_CHUNKS, AttentionConfig, ConfigError, feasible_chunks
+
+from .policy import ChunkPolicy, FixedPolicy
+
+RESAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class PromptCase:
+    tokens: int
+    window: int | None = None
+    layout: str = "shift"
+    sinks: int = 0
+
+    @property
+    def attention(self) -> AttentionConfig:
+        return AttentionConfig(self.window, self.layout, self.sinks)
+
+    @property
+    def label(self) -> str:
+        if self.window is None:
+            return f"{self.tokens} tok, no window"
+        return f"{self.tokens} tok, w{self.window} {self.layout}" + (f" s{self.sinks}" if self.sinks else "")
+
+
+@dataclass
+class PromptResult:
+    case: PromptCase
+    choices: dict[str, int]  # policy -> chunk size (absent: the policy cannot run this prompt)
+    sources: dict[str, str]  # policy -> where its decision came from
+    times: dict[int, list[float]] = field(default_factory=dict)  # chunk size -> TTFT ms per round
+
+    def median(self, chunk: int) -> float:
+        return statistics.median(self.times[chunk])
+
+    @property
+    def best(self) -> int:
+        return min(self.times, key=self.median)
+
+
+@dataclass(frozen=True)
+class Saving:
+    """1 - TTFT(policy) / TTFT(reference), summed over the prompts both ran, with its 95% interval."""
+
+    policy: str
+    reference: str
+    saving: float
+    low: float
+    high: float
+
+    def settled(self, precision: float) -> bool:
+        return self.low > 0 or self.high < 0 or self.high - self.low < precision
+
+
+@dataclass
+class Evaluation:
+    policies: list[str]
+    prompts: list[PromptResult]
+    savings: list[Saving]
+    rounds: int
+
+
+def _choose(policy: ChunkPolicy, engine, case: PromptCase) -> tuple[int, str] | None:
+    try:
+        decision = policy.choose(engine.features(case.tokens, case.attention))
+        case.attention.check_chunk(decision.chunk_size)
+    except ConfigError:  # e.g. one shot on a ring shorter than the prompt
+        return None
+    return min(decision.chunk_size, case.tokens), decision.source
+
+
+def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
+    """Paired bootstrap over rounds: one draw of round indices serves every prompt, size and policy."""
+    rounds = min(len(t) for p in prompts for t in p.times.values())
+    draws = np.random.default_rng(seed).integers(0, rounds, (RESAMPLES, rounds))  # [B, R]
+    out = []
+    for policy, reference in pairs:
+        both = [p for p in prompts if policy in p.choices and reference in p.choices]
+        if not both:
+            continue
+        totals = {}
+        for name in (policy, reference):
+            per_prompt = [np.asarray(p.times[p.choices[name]][:rounds]) for p in both]  # each [R]
+            point = sum(float(np.median(t)) for t in per_prompt)
+            boot = sum(np.median(t[draws], axis=1) for t in per_prompt)  # [B]
+            totals[name] = (point, boot)
+        saving = 1 - totals[policy][0] / totals[reference][0]
+        low, high = np.quantile(1 - totals[policy][1] / totals[reference][1], [0.025, 0.975])
+        out.append(Saving(policy, reference, saving, float(low), float(high)))
+    return out
+
+
+def evaluate(
+    engine,
+    policies: dict[str, ChunkPolicy],
+    cases: list[PromptCase],
+    pairs: list[tuple[str, str]],
+    min_rounds: int = 3,
+    max_rounds: int = 10,
+    precision: float = 0.02,
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> Evaluation:
+    """Measure `cases` as the module says; `pairs` are the (policy, reference) savings to settle."""
+    from .engine import Prompt
+
+    prompts = []
+    for case in cases:
+        picked = {name: _choose(policy, engine, case) for name, policy in policies.items()}
+        picked = {name: c for name, c in picked.items() if c is not None}
+        result = PromptResult(case, {n: c for n, (c, _) in picked.items()}, {n: s for n, (_, s) in picked.items()})
+        sweep, _ = feasible_chunks(DEFAULT_CHUNKS, case.tokens, case.window, case.layout)
+        result.times = {c: [] for c in sorted({*sweep, *result.choices.values()})}
+        prompts.append(result)
+    texts = {p.case.tokens: engine.prompt_text(Prompt(num_tokens=p.case.tokens)) for p in prompts}
+
+    def one_round(r: int, keep: bool) -> None:
+        for p in prompts:
+            sizes = list(p.times)
+            for c in sizes[r % len(sizes):] + sizes[: r % len(sizes)]:  # rotated: drift hits every size alike
+                ttft = engine.run(texts[p.case.tokens], p.case.tokens, p.case.attention, FixedPolicy(c)).ttft_ms
+                if keep:
+                    p.times[c].append(ttft)
+
+    one_round(0, keep=False)  # warm-up
+    savings: list[Saving] = []
+    for r in range(1, max_rounds + 1):
+        one_round(r, keep=True)
+        if r < min_rounds:
+            log(f"round {r}/{min_rounds}+ measured")
+            continue
+        savings = bootstrap_savings(prompts, pairs)
+        log(f"round {r}: " + "; ".join(f"{s.policy} vs {s.reference} {s.saving:+.1%} [{s.low:+.1%}, {s.high:+.1%}]"
+                                       for s in savings))
+        if all(s.settled(precision) for s in savings):
+            break
+    return Evaluation(list(policies), prompts, savings, r)
+
+
+def format_evaluation(ev: Evaluation) -> str:
+    width = 22
+    lines = [f"{'prompt':<28}" + "".join(f"{p:>{width}}" for p in ev.policies) + f"{'measured best':>{width}}"]
+    for p in ev.prompts:
+        best = p.median(p.best)
+        cells = [f"{p.choices[n]:>5} {p.median(p.choices[n]):>7.0f}ms {p.median(p.choices[n]) / best - 1:>5.0%}"
+                 if n in p.choices else "n/a" for n in ev.policies]
+        lines.append(f"{p.case.label:<28}" + "".join(f"{c:>{width}}" for c in cells) + f"{p.best:>5} {best:>7.0f}ms      ")
+    common = [p for p in ev.prompts if all(n in p.choices for n in ev.policies)]
+    totals = [sum(p.median(p.choices[n]) for p in common) for n in ev.policies] + [sum(p.median(p.best) for p in common)]
+    lines.append(f"{f'total TTFT ({len(common)} prompts)':<28}" + "".join(f"{t:>{width - 3}.0f}ms " for t in totals))
+    regrets = [statistics.fmean(p.median(p.choices[n]) / p.median(p.best) - 1 for p in ev.prompts if n in p.choices)
+               for n in ev.policies]
+    lines.append(f"{'mean regret vs best':<28}" + "".join(f"{r:>{width - 1}.1%} " for r in regrets))
+    sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
+    lines.append(f"cells: chunk size, median TTFT over {ev.rounds} rounds, regret against the measured best (the "
+                 "fastest size of the same measurements)" + (f"; auto decided from: {', '.join(sources)}" if sources else ""))
+    for s in ev.savings:
+        verdict = ("saves time" if s.low > 0 else "costs time" if s.high < 0 else "no difference this measurement can see")
+        lines.append(f"{s.policy} vs {s.reference}: {s.saving:+.1%} of total TTFT saved, 95% CI [{s.low:+.1%}, {s.high:+.1%}]"
+                     f" -> {verdict}")
+    lines.append("(95% CI: a paired bootstrap over the measured rounds; the saving on this machine and these prompts "
+                 "lies inside it with 95% confidence, and an interval that holds 0 means the two cannot be told apart)")
+    return "\n".join(lines)

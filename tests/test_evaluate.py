@@ -1,0 +1,43 @@
+"""The policy evaluator: one measurement per distinct chunk size per round, shared by every policy
+that chose it; regrets against the minimum of the same data; savings with bootstrap intervals."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.evaluate import PromptCase, PromptResult, Saving, bootstrap_savings, evaluate, format_evaluation
+from engine.policy import FixedPolicy, FullPolicy, RulePolicy
+
+
+def test_same_choice_same_time_no_negative_regret_and_settled_savings(engines):
+    engine = engines("llama-tiny")
+    policies = {"rule": RulePolicy(), "one shot": FullPolicy(), "fixed 32": FixedPolicy(32, capped=True)}
+    cases = [PromptCase(96), PromptCase(160, 64, "ring", 4)]
+    lines: list[str] = []
+    result = evaluate(engine, policies, cases, [("fixed 32", "rule")], min_rounds=2, max_rounds=3, log=lines.append)
+    assert 2 <= result.rounds <= 3 and len(lines) == result.rounds
+    short, ring = result.prompts
+    # 96 tokens: the rule (512, cut to the prompt) and one shot both run the whole prompt at once
+    assert short.choices["rule"] == short.choices["one shot"] == 96
+    assert short.median(short.choices["rule"]) == short.median(short.choices["one shot"])
+    assert "one shot" not in ring.choices  # a 160-token chunk does not fit a 64-token ring
+    assert ring.choices["rule"] == 64 and ring.choices["fixed 32"] == 32
+    for p in result.prompts:
+        assert set(p.times) >= set(p.choices.values())  # every choice is among the measured sizes
+        assert all(len(t) == result.rounds for t in p.times.values())  # each size once per round
+        assert all(p.median(c) >= p.median(p.best) for c in p.choices.values())
+    (saving,) = result.savings
+    assert saving.low <= saving.saving <= saving.high
+    table = format_evaluation(result)
+    assert "fixed 32 vs rule:" in table and "95% CI" in table and "n/a" in table
+
+
+def test_bootstrap_interval_separates_a_real_saving_and_collapses_on_identical_choices():
+    """Made-up round times (not measurements): size 1 takes about half of size 2."""
+    times = {1: [10.0, 10.5, 9.8, 10.2, 10.1], 2: [20.0, 19.0, 21.0, 20.5, 19.5]}
+    prompts = [PromptResult(PromptCase(100), {"fast": 1, "slow": 2, "same": 2}, {}, times)]
+    fast, same = bootstrap_savings(prompts, [("fast", "slow"), ("same", "slow")])
+    assert fast.saving == pytest.approx(1 - 10.1 / 20.0) and 0.4 < fast.low <= fast.high < 0.6
+    assert (same.saving, same.low, same.high) == (0.0, 0.0, 0.0)
+    assert fast.settled(0.02) and same.settled(0.02)
+    assert not Saving("a", "b", 0.01, -0.05, 0.07).settled(0.02)
