@@ -64,6 +64,7 @@ class Saving:
 
     policy: str
     reference: str
+    prompts: int  # the prompts both policies ran
     saving: float
     low: float
     high: float
@@ -106,7 +107,7 @@ def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]],
             totals[name] = (point, boot)
         saving = 1 - totals[policy][0] / totals[reference][0]
         low, high = np.quantile(1 - totals[policy][1] / totals[reference][1], [0.025, 0.975])
-        out.append(Saving(policy, reference, saving, float(low), float(high)))
+        out.append(Saving(policy, reference, len(both), saving, float(low), float(high)))
     return out
 
 
@@ -175,8 +176,8 @@ def format_evaluation(ev: Evaluation) -> str:
                  "fastest size of the same measurements)" + (f"; auto decided from: {', '.join(sources)}" if sources else ""))
     for s in ev.savings:
         verdict = ("saves time" if s.low > 0 else "costs time" if s.high < 0 else "no difference this measurement can see")
-        lines.append(f"{s.policy} vs {s.reference}: {s.saving:+.1%} of total TTFT saved, 95% CI [{s.low:+.1%}, {s.high:+.1%}]"
-                     f" -> {verdict}")
+        lines.append(f"{s.policy} vs {s.reference}: {s.saving:+.1%} of total TTFT saved ({s.prompts} prompts), "
+                     f"95% CI [{s.low:+.1%}, {s.high:+.1%}] -> {verdict}")
     lines.append("(95% CI: a paired bootstrap over the measured rounds; the saving on this machine and these prompts "
                  "lies inside it with 95% confidence, and an interval that holds 0 means the two cannot be told apart)")
     return "\n".join(lines)

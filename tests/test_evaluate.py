@@ -40,4 +40,4 @@ def test_bootstrap_interval_separates_a_real_saving_and_collapses_on_identical_c
     assert fast.saving == pytest.approx(1 - 10.1 / 20.0) and 0.4 < fast.low <= fast.high < 0.6
     assert (same.saving, same.low, same.high) == (0.0, 0.0, 0.0)
     assert fast.settled(0.02) and same.settled(0.02)
-    assert not Saving("a", "b", 0.01, -0.05, 0.07).settled(0.02)
+    assert not Saving("a", "b", 1, 0.01, -0.05, 0.07).settled(0.02)
