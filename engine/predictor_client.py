@@ -104,7 +104,8 @@ class AutoPolicy:
         self.last_error = "no answer yet"
 
     def choose(self, request: RequestFeatures) -> Decision:
-        cached = self.answers.get((self.version, bucket(request)))
+        key = bucket(request)
+        cached = self.answers.get((self.version, key))
         if cached is not None and time.monotonic() - cached[1] < self.cache_ttl_s:
             return Decision(min(cached[0], request.max_chunk), "cache", self.version)
         if not self.breaker.allows():
@@ -119,7 +120,7 @@ class AutoPolicy:
         self.breaker.record(True)
         if version != self.version:  # a promotion: answers of the old model go
             self.version, self.answers = version, {}
-        self.answers[(version, bucket(request))] = (chunk, time.monotonic())
+        self.answers[(version, key)] = (chunk, time.monotonic())
         return Decision(chunk, "service", version)
 
     def _ask(self, request: RequestFeatures) -> tuple[int, str]:

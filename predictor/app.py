@@ -75,11 +75,6 @@ async def ready_state(request: Request) -> ServiceState:
     return state
 
 
-def refuse(state: ServiceState, exc: Infeasible) -> HTTPException:
-    state.metrics.rejections.labels(exc.reason).inc()
-    return HTTPException(422, detail=str(exc))
-
-
 Ready = Annotated[ServiceState, Depends(ready_state)]
 
 
@@ -113,19 +108,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.metrics.rejections.labels("invalid_request").inc()
         return await request_validation_exception_handler(request, exc)
 
+    @app.exception_handler(Infeasible)
+    async def infeasible(request: Request, exc: Infeasible) -> JSONResponse:
+        state.metrics.rejections.labels(exc.reason).inc()
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
     @app.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
     async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
-        try:
-            return _response(*service.decide(body))
-        except Infeasible as exc:
-            raise refuse(service, exc) from None
+        return _response(*service.decide(body))
 
     @app.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})
     async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
-        try:
-            return BatchResponse(responses=[_response(*service.decide(r)) for r in body.requests])
-        except Infeasible as exc:
-            raise refuse(service, exc) from None
+        return BatchResponse(responses=[_response(*service.decide(r)) for r in body.requests])
 
     @app.get("/v1/model", responses={503: {}})
     async def model_info(service: Ready) -> dict:

@@ -103,13 +103,13 @@ class Predictor:
         }
         x = build({**constant, "chunk_size": sizes})  # one config, one row per candidate
         # one thread: a dozen rows gain nothing from OpenMP, whose spinning stalls on a busy machine
-        ms = np.exp(self.booster.predict(x, num_threads=1) + base_log_ms(x)).tolist()
+        log_ms = (self.booster.predict(x, num_threads=1) + base_log_ms(x)).tolist()
+        ms = [math.exp(v) for v in log_ms]
         if not all(map(math.isfinite, ms)):
             raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
         order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
         score = None if self.ranker is None else self.ranker.predict(x[: len(chunks)], num_threads=1).tolist()
-        best, _ = pick([math.log(v) for v in ms[: len(chunks)]], score, chunks.index(rule) if rule in chunks else None,
-                       self.rule_margin)
+        best, _ = pick(log_ms[: len(chunks)], score, chunks.index(rule) if rule in chunks else None, self.rule_margin)
         rule_ms = ms[sizes.index(rule)]
         return Decision(
             chunk_size=chunks[best],

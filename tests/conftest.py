@@ -63,19 +63,17 @@ def small_dataset(tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained_store(small_dataset, tmp_path_factory):
     """A real MLflow store (SQLite + artifacts) holding a champion trained on `small_dataset`."""
+    return train_into_store(small_dataset, tmp_path_factory.mktemp("store"))
+
+
+def train_into_store(data: Path, root: Path) -> str:
+    """`chunkpilot train` on `data` into a new MLflow store under `root` (SQLite, artifacts in
+    root/mlruns); returns its tracking URI."""
     from training.train import train
 
-    root = tmp_path_factory.mktemp("store")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    previous, cwd = os.environ.get("MLFLOW_TRACKING_URI"), os.getcwd()
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    os.chdir(root)
-    try:
-        train(small_dataset)
-    finally:
-        os.chdir(cwd)
-        if previous is None:
-            del os.environ["MLFLOW_TRACKING_URI"]
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = previous
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        patch.chdir(root)
+        train(data)
     return uri

@@ -17,6 +17,7 @@ from chunkpilot.config import PRESETS, AttentionConfig, RequestFeatures
 from engine.predictor_client import AutoPolicy
 from predictor.app import create_app
 from predictor.settings import Settings
+from conftest import train_into_store
 from servers import free_port, serve, wait_until
 
 
@@ -25,18 +26,12 @@ def foreign_store(small_dataset, tmp_path_factory):
     """A champion trained on the small dataset relabelled as another machine's, so that this
     machine's hardware_id is one the model never saw."""
     from profiler.store import read_dataset, write_config
-    from training.train import train
 
     root = tmp_path_factory.mktemp("foreign")
     rows = read_dataset(small_dataset).assign(hardware_id="another-machine")
     for key, config in rows.groupby("config_key"):
         write_config(root / "ttft", key, config.reset_index(drop=True))
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", uri)
-        patch.chdir(root)  # artifacts under root/mlruns
-        train(root / "ttft")
-    return uri
+    return train_into_store(root / "ttft", root)
 
 
 def prefill_auto(tmp_path, uri: str, *extra: str) -> tuple[dict, str]:

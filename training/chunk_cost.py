@@ -14,7 +14,7 @@ import numpy as np
 from predictor.features import FEATURES
 
 from .data import Table
-from .policies import DEFAULT_PARAMS, Choice, _argmin, _quiet_lgb
+from .policies import DEFAULT_PARAMS, Choice, argmin_per_group, quiet_lgb
 
 # what a chunk's cost can depend on besides q and h: the model, the attention set-up, the machine
 CONFIG = ["window", "has_window", "layout", "sinks", "local_fraction", "num_layers", "hidden_size", "num_heads",
@@ -61,7 +61,7 @@ class PerChunkCost:
         owner, q, h = expand(train)
         measured = np.concatenate([np.asarray(ms, dtype=float) for ms in train.rows.chunk_ms])  # same order
         x = chunk_features(train.x[owner], q, h)
-        params = _quiet_lgb(objective="regression", **{**DEFAULT_PARAMS, **self.params})
+        params = quiet_lgb(objective="regression", **{**DEFAULT_PARAMS, **self.params})
         rounds = params.pop("num_boost_round")
         params.pop("rule_margin"), params.pop("rank_with_ranker")
         self.booster = lgb.train(params, lgb.Dataset(x, np.log(measured) - x[:, -1]), num_boost_round=rounds)
@@ -78,4 +78,4 @@ class PerChunkCost:
 
     def choose(self, test: Table) -> Choice:
         predicted = self.predict_ms(test)
-        return Choice(_argmin(test, predicted), predicted)
+        return Choice(argmin_per_group(test, predicted), predicted)

@@ -47,7 +47,7 @@ def rule_chunk(rows: pd.DataFrame) -> int:
     return closest_measured(rows.chunk_size.to_numpy(), limited(rows, hand_rule(int(rows.context_length.iloc[0]))))
 
 
-def _quiet_lgb(**params) -> dict:
+def quiet_lgb(**params) -> dict:
     # one thread: these tables are small, and a second would spin-wait against other work
     return {"verbose": -1, "num_threads": 1, "seed": 0, **params}
 
@@ -101,7 +101,7 @@ class HandRule:
         return Choice({g: rule_chunk(r) for g, r in test.rows.groupby("group", sort=False)})
 
 
-def _argmin(test: Table, predicted: np.ndarray) -> dict[str, int]:
+def argmin_per_group(test: Table, predicted: np.ndarray) -> dict[str, int]:
     frame = pd.DataFrame({"group": test.rows.group.to_numpy(), "chunk": test.rows.chunk_size.to_numpy(), "p": predicted})
     return {g: int(r.chunk.iloc[int(np.argmin(r.p.to_numpy()))]) for g, r in frame.groupby("group", sort=False)}
 
@@ -132,7 +132,7 @@ class AnalyticFit:
         predicted = np.empty(len(test.rows))
         for key, r in test.rows.groupby(self.KEYS):
             predicted[r.index.to_numpy()] = self._terms(r) @ self.coef.get(key, self.pooled)
-        return Choice(_argmin(test, predicted), np.maximum(predicted, 1e-3))
+        return Choice(argmin_per_group(test, predicted), np.maximum(predicted, 1e-3))
 
 
 def _config_matrix(table: Table) -> tuple[np.ndarray, pd.DataFrame]:
@@ -175,7 +175,7 @@ class ChunkClassifier:
         self.classes = np.unique(labels)
         self.single = self.classes[0] if len(self.classes) == 1 else None
         if self.single is None:
-            self.model = lgb.LGBMClassifier(**_quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
+            self.model = lgb.LGBMClassifier(**quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
             with warnings.catch_warnings():  # few configs per best size is this baseline's nature, not news
                 warnings.filterwarnings("ignore", message="The number of unique classes")
                 self.model.fit(x, np.searchsorted(self.classes, labels))
@@ -204,11 +204,11 @@ class ChunkRanker:
         regret = rows.ttft_ms / rows.groupby("group", sort=False).ttft_ms.transform("min") - 1
         grade = np.select([regret <= 0, regret <= 0.05, regret <= 0.10, regret <= 0.25], [4, 3, 2, 1], 0)
         sizes = rows.groupby("group", sort=False).size().to_numpy()
-        self.model = lgb.LGBMRanker(**_quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
+        self.model = lgb.LGBMRanker(**quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
         self.model.fit(train.x, grade, group=sizes)
 
     def choose(self, test: Table) -> Choice:
-        return Choice(_argmin(test, -self.model.predict(test.x)))
+        return Choice(argmin_per_group(test, -self.model.predict(test.x)))
 
 
 @dataclass
@@ -223,7 +223,7 @@ class TTFTRegressor:
     name: str = "lgbm-regressor"
 
     def fit(self, train: Table) -> None:
-        params = _quiet_lgb(objective="regression", monotone_constraints=list(MONOTONE), **{**DEFAULT_PARAMS, **self.params})
+        params = quiet_lgb(objective="regression", monotone_constraints=list(MONOTONE), **{**DEFAULT_PARAMS, **self.params})
         rounds = params.pop("num_boost_round")
         self.rule_margin, ranked = params.pop("rule_margin"), params.pop("rank_with_ranker")
         data = lgb.Dataset(train.x, train.y - base_log_ms(train.x), feature_name=list(FEATURES), free_raw_data=False)
