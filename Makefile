@@ -16,5 +16,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/chunkpilot demo
 
+# the structure is checked with the tests: lint, format, the one-way import contracts (pyproject.toml)
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q

@@ -12,19 +12,38 @@ Prints medians and the ratio engine / hf (target <= 1.00).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
+from chunkpilot.contract import AttentionConfig
+from engine.engine import Engine, EngineConfig, Prompt
+from engine.measure import interleaved
+from engine.models import load_model
+from engine.policy import FixedPolicy
 
-from chunkpilot.config import AttentionConfig  # noqa: E402
-from engine.engine import Engine, EngineConfig, Prompt  # noqa: E402
-from engine.models import load_model  # noqa: E402
-from engine.policy import FixedPolicy  # noqa: E402
+
+def engine_ms(engine: Engine, text: str, n: int, attention: AttentionConfig, chunk: int, tokens: dict) -> float:
+    result = engine.run(text, n, attention, FixedPolicy(chunk))
+    tokens["engine"] = result.first_token
+    return result.prefill_ms
+
+
+def hf_ms(hf, ids: torch.Tensor, chunk: int, tokens: dict) -> float:
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        generated = hf.generate(ids, max_new_tokens=1, prefill_chunk_size=chunk, do_sample=False)
+    tokens["hf"] = int(generated[0, -1])
+    return (time.perf_counter() - t0) * 1e3
+
+
+def forward_ms(hf, ids: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        hf(input_ids=ids, logits_to_keep=1)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def main() -> None:
@@ -51,39 +70,20 @@ def main() -> None:
         hf.config.sliding_window = window  # transformers builds its cache and mask from the config
         attention = AttentionConfig(window=window)
         for chunk in [int(c) for c in args.chunks.split(",")]:
-            policy = FixedPolicy(chunk)
             tokens: dict[str, int] = {}
-
-            def engine_ms() -> float:
-                result = engine.run(text, args.tokens, attention, policy)
-                tokens["engine"] = result.first_token
-                return result.prefill_ms
-
-            def hf_ms() -> float:
-                t0 = time.perf_counter()
-                with torch.inference_mode():
-                    generated = hf.generate(ids, max_new_tokens=1, prefill_chunk_size=chunk, do_sample=False)
-                tokens["hf"] = int(generated[0, -1])
-                return (time.perf_counter() - t0) * 1e3
-
-            def forward_ms() -> float:
-                t0 = time.perf_counter()
-                with torch.inference_mode():
-                    hf(input_ids=ids, logits_to_keep=1)
-                return (time.perf_counter() - t0) * 1e3
-
-            steps = {"engine": engine_ms, "hf": hf_ms, "forward": forward_ms}
-            times: dict[str, list[float]] = {name: [] for name in steps}
-            for repeat in range(args.repeats + 1):  # pass 0 is the warm-up
-                # alternate the order, so that no method always follows the big one-shot forward
-                for name in list(steps) if repeat % 2 else list(reversed(steps)):
-                    ms = steps[name]()
-                    if repeat:
-                        times[name].append(ms)
+            steps = {
+                "engine": functools.partial(engine_ms, engine, text, args.tokens, attention, chunk, tokens),
+                "hf": functools.partial(hf_ms, hf, ids, chunk, tokens),
+                "forward": functools.partial(forward_ms, hf, ids),
+            }
+            times = interleaved(steps, args.repeats)
             med = {name: statistics.median(values) for name, values in times.items()}
             same = "yes" if tokens["engine"] == tokens["hf"] else f"NO ({tokens['engine']} vs {tokens['hf']})"
-            print(f"{str(window):<8}{chunk:>6}{med['engine']:>10.0f}{med['hf']:>10.0f}{med['forward']:>10.0f}"
-                  f"{med['engine'] / med['hf']:>11.2f}  {same}", flush=True)
+            print(
+                f"{str(window):<8}{chunk:>6}{med['engine']:>10.0f}{med['hf']:>10.0f}{med['forward']:>10.0f}"
+                f"{med['engine'] / med['hf']:>11.2f}  {same}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

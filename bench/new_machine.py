@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.data import load_table  # noqa: E402
-from training.metrics import records, summarize  # noqa: E402
-from training.policies import DEFAULT_PARAMS, FixedChunk, HandRule, TTFTRegressor, variants  # noqa: E402
+from training.data import load_table
+from training.metrics import records, summarize
+from training.policies import DEFAULT_PARAMS, FixedChunk, HandRule, TTFTRegressor, variants
 
 
 def main() -> None:
@@ -36,8 +33,10 @@ def main() -> None:
     spent = (new.finished_at - new.started_at).dt.total_seconds().cumsum()
     profiled = new.group[spent <= 60 * args.minutes].to_numpy()
     judged = new.group[spent > 60 * args.minutes].to_numpy()
-    print(f"new machine {machine} ({new.device_name.iloc[0]}): {len(new)} configs; a {args.minutes:g}-minute profile "
-          f"measures {len(profiled)}, the other {len(judged)} are judged; {len(old)} configs of other machines")
+    print(
+        f"new machine {machine} ({new.device_name.iloc[0]}): {len(new)} configs; a {args.minutes:g}-minute profile "
+        f"measures {len(profiled)}, the other {len(judged)} are judged; {len(old)} configs of other machines"
+    )
     policies = [FixedChunk(1024), HandRule(), TTFTRegressor(), *variants(DEFAULT_PARAMS, table.subset(old).rows)]
     test = table.subset(judged)
     print(f"\n{'policy':<18}{'':>8}{'mean':>8}{'p95':>8}{'within5%':>10}{'MAPE':>8}")
@@ -47,8 +46,10 @@ def main() -> None:
             fitted.fit(table.subset(train))
             m = summarize(records(test, fitted.choose(test)))
             mape = f"{m['mape']:>8.1%}" if m["mape"] == m["mape"] else f"{'':>8}"
-            print(f"{policy.name:<18}{label:>8}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['within_5pct']:>10.0%}{mape}",
-                  flush=True)
+            print(
+                f"{policy.name:<18}{label:>8}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['within_5pct']:>10.0%}{mape}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

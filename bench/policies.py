@@ -14,22 +14,24 @@ The prompts use context lengths and windows that are not in data/specs/cpu-shipp
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from chunkpilot.tracking import tracking_uri  # noqa: E402
-from engine.engine import Engine, EngineConfig  # noqa: E402
-from engine.evaluate import PromptCase, evaluate, format_evaluation  # noqa: E402
-from engine.hardware import local_hardware  # noqa: E402
-from engine.policy import FixedPolicy, FullPolicy, RulePolicy  # noqa: E402
-from engine.predictor_client import InProcessPolicy  # noqa: E402
+from chunkpilot.tracking import tracking_uri
+from engine.engine import Engine, EngineConfig
+from engine.evaluate import PromptCase, evaluate, format_evaluation
+from engine.hardware import local_hardware
+from engine.policy import FixedPolicy, FullPolicy, RulePolicy
+from engine.predictor_client import InProcessPolicy
 
 PROMPTS = {
-    "llama-tiny": [PromptCase(700), PromptCase(2300, 768, "shift"), PromptCase(4700, 1536, "ring"),
-                   PromptCase(7100), PromptCase(10500, 768, "ring", 4), PromptCase(13000, 1536, "shift", 4)],
+    "llama-tiny": [
+        PromptCase(700),
+        PromptCase(2300, 768, "shift"),
+        PromptCase(4700, 1536, "ring"),
+        PromptCase(7100),
+        PromptCase(10500, 768, "ring", 4),
+        PromptCase(13000, 1536, "shift", 4),
+    ],
     "qwen2-gqa": [PromptCase(900), PromptCase(1800, 768, "ring"), PromptCase(3700, 1536, "shift", 4)],
 }
 
@@ -43,12 +45,24 @@ def main() -> None:
     for model in args.models.split(","):
         engine = Engine(EngineConfig(model=model))
         auto = InProcessPolicy(tracking_uri(), local_hardware(engine.config.dtype, engine.runtime.threads))
-        policies = {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy(),
-                    "one shot": FullPolicy()}
-        print(f"\n{model} ({engine.runtime.threads} threads), champion v{auto.predictor.version}, "
-              f"at most {args.max_rounds} rounds:", flush=True)
-        result = evaluate(engine, policies, PROMPTS[model], [("auto", "hand rule"), ("auto", "fixed 1024")],
-                          max_rounds=args.max_rounds)
+        policies = {
+            "auto": auto,
+            "fixed 1024": FixedPolicy(1024, capped=True),
+            "hand rule": RulePolicy(),
+            "one shot": FullPolicy(),
+        }
+        print(
+            f"\n{model} ({engine.runtime.threads} threads), champion v{auto.predictor.version}, "
+            f"at most {args.max_rounds} rounds:",
+            flush=True,
+        )
+        result = evaluate(
+            engine,
+            policies,
+            PROMPTS[model],
+            [("auto", "hand rule"), ("auto", "fixed 1024")],
+            max_rounds=args.max_rounds,
+        )
         print(format_evaluation(result), flush=True)
     print(f"\nfinished in {(time.monotonic() - start) / 60:.1f} min")
 

@@ -17,13 +17,9 @@ import http.client
 import json
 import multiprocessing
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from urllib.parse import urlsplit
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 
@@ -31,9 +27,13 @@ HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0
 def body(i: int) -> dict:
     """Requests that differ (1,200 distinct, so the service's cache answers only repeats)."""
     window = [None, 512, 1024, 2048][i % 4]
-    return {"context_length": 500 + 37 * (i % 400), "model": ["llama-tiny", "mistral-44m", "qwen2-gqa"][i % 3],
-            "attention": {"window": window, "layout": "ring" if window == 1024 else "shift"},
-            "threads": 2, "hardware": HARDWARE}
+    return {
+        "context_length": 500 + 37 * (i % 400),
+        "model": ["llama-tiny", "mistral-44m", "qwen2-gqa"][i % 3],
+        "attention": {"window": window, "layout": "ring" if window == 1024 else "shift"},
+        "threads": 2,
+        "hardware": HARDWARE,
+    }
 
 
 def percentiles(ms: list[float]) -> str:
@@ -42,11 +42,12 @@ def percentiles(ms: list[float]) -> str:
 
 
 def in_process(n: int) -> None:
+    from chunkpilot.contract import ChunkRequest
+    from chunkpilot.registry import CHAMPION, MODEL_NAME
     from chunkpilot.tracking import tracking_uri
     from predictor.model import DecisionCache, load_predictor
-    from predictor.schemas import ChunkRequest
 
-    predictor = load_predictor(tracking_uri(), "chunk-size-predictor", "champion")
+    predictor = load_predictor(tracking_uri(), MODEL_NAME, CHAMPION)
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
     for r in requests:
         predictor.decide(r)  # warm-up: one pass over the same requests
@@ -63,7 +64,7 @@ def in_process(n: int) -> None:
         if cache.get(key) is None:
             cache.put(key, predictor.decide(r))
         times.append((time.perf_counter() - t0) * 1e3)
-    print(f"in-process, through the LRU cache        {percentiles(times[len(requests):])}  (cache hits)")
+    print(f"in-process, through the LRU cache        {percentiles(times[len(requests) :])}  (cache hits)")
 
 
 def httpx_post(url: str) -> Callable[[dict], None]:
@@ -119,7 +120,7 @@ def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0, le
 
 
 def main() -> None:
-    from chunkpilot.demo import free_port, start_service, wait_ready
+    from chunkpilot.cli.processes import free_port, start_service, wait_ready
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per HTTP row")

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import pandas as pd
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from profiler.plan import space_filling_order  # noqa: E402
-from profiler.spec import Spec  # noqa: E402
-from training.data import Table, load_table  # noqa: E402
-from training.metrics import records, summarize  # noqa: E402
-from training.policies import BestFixed, FixedChunk, HandRule, TTFTRegressor  # noqa: E402
+from profiler.plan import space_filling_order
+from profiler.spec import Spec
+from training.data import Table, load_table
+from training.metrics import records, summarize
+from training.policies import BestFixed, FixedChunk, HandRule, TTFTRegressor
 
 
 def held_out(key: str) -> bool:
@@ -49,8 +46,12 @@ def evaluate(policy, train: Table | None, test: Table) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", type=Path, default=Path("data/specs/cpu-shipped.yaml"))
-    parser.add_argument("--data", type=Path, default=Path("data/ttft/cpu-shipped/664de6bcf2e9"),
-                        help="one machine's files of the spec (default: the first shipped machine's)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path("data/ttft/cpu-shipped/664de6bcf2e9"),
+        help="one machine's files of the spec (default: the first shipped machine's)",
+    )
     parser.add_argument("--budgets", default="5,15,30,60", help="minutes of profiling, comma-separated")
     parser.add_argument("--plot", type=Path, default=Path("docs/regret_vs_budget.png"))
     args = parser.parse_args()
@@ -62,28 +63,41 @@ def main() -> None:
     spent = np.cumsum([minutes[c.key] for c in pool])
     test = table.subset(table.rows.group[table.rows.config_key.map(held_out)].unique())
     budgets = [float(b) for b in args.budgets.split(",")] + [float(spent[-1])]
-    print(f"{len(measured)} measured configs: {len(pool)} to train on ({spent[-1]:.0f} min of profiling), "
-          f"{test.rows.group.nunique()} held out for evaluation\n")
+    print(
+        f"{len(measured)} measured configs: {len(pool)} to train on ({spent[-1]:.0f} min of profiling), "
+        f"{test.rows.group.nunique()} held out for evaluation\n"
+    )
 
     flat = {p.name: evaluate(p, None, test) for p in (FixedChunk(1024), HandRule())}
     results = []
     for budget in budgets:
-        keys = {c.key for c, t in zip(pool, spent) if t <= budget}
+        keys = {c.key for c, t in zip(pool, spent, strict=True) if t <= budget}
         if len(keys) < 2:
             print(f"{budget:>6.0f} min: fewer than 2 configs fit, skipped")
             continue
         train = table.subset(table.rows.group[table.rows.config_key.isin(keys)].unique())
         model, fixed = evaluate(TTFTRegressor(), train, test), evaluate(BestFixed(), train, test)
-        results.append({"minutes": budget, "configs": len(keys), "model": model["mean_regret"],
-                        "model_p95": model["p95_regret"], "model_within5": model["within_5pct"],
-                        "best_fixed": fixed["mean_regret"]})
+        results.append(
+            {
+                "minutes": budget,
+                "configs": len(keys),
+                "model": model["mean_regret"],
+                "model_p95": model["p95_regret"],
+                "model_within5": model["within_5pct"],
+                "best_fixed": fixed["mean_regret"],
+            }
+        )
 
     frame = pd.DataFrame(results)
-    print(f"{'budget':>9}{'configs':>9}{'model mean':>12}{'p95':>8}{'within 5%':>11}{'best fixed':>12}"
-          f"{'fixed 1024':>12}{'hand rule':>11}")
+    print(
+        f"{'budget':>9}{'configs':>9}{'model mean':>12}{'p95':>8}{'within 5%':>11}{'best fixed':>12}"
+        f"{'fixed 1024':>12}{'hand rule':>11}"
+    )
     for r in frame.itertuples():
-        print(f"{r.minutes:>5.0f} min{r.configs:>9}{r.model:>12.1%}{r.model_p95:>8.1%}{r.model_within5:>11.0%}"
-              f"{r.best_fixed:>12.1%}{flat['fixed-1024']['mean_regret']:>12.1%}{flat['hand-rule']['mean_regret']:>11.1%}")
+        print(
+            f"{r.minutes:>5.0f} min{r.configs:>9}{r.model:>12.1%}{r.model_p95:>8.1%}{r.model_within5:>11.0%}"
+            f"{r.best_fixed:>12.1%}{flat['fixed-1024']['mean_regret']:>12.1%}{flat['hand-rule']['mean_regret']:>11.1%}"
+        )
     plot(frame, flat, args.plot)
     print(f"\nplot: {args.plot}")
 
@@ -100,8 +114,12 @@ def plot(frame: pd.DataFrame, flat: dict[str, dict], path: Path) -> None:
     ax.plot(frame.minutes, frame.best_fixed * 100, "s--", label="best fixed size on the same data")
     for name, color in (("fixed-1024", "black"), ("hand-rule", "red")):
         ax.axhline(flat[name]["mean_regret"] * 100, color=color, linestyle="-.", linewidth=1, label=f"{name} (no data)")
-    ax.set(xscale="log", xlabel="profiling budget (minutes of measurements)", ylabel="regret vs measured best (%)",
-           title="Chosen-chunk regret on held-out configs vs profiling budget")
+    ax.set(
+        xscale="log",
+        xlabel="profiling budget (minutes of measurements)",
+        ylabel="regret vs measured best (%)",
+        title="Chosen-chunk regret on held-out configs vs profiling budget",
+    )
     ax.set_xticks(frame.minutes, [f"{m:.0f}" for m in frame.minutes])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -24,10 +24,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def parse_args() -> argparse.Namespace:
@@ -62,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
     raw and divided by the calibration burst timed just before each run."""
     import torch
 
-    from chunkpilot.config import AttentionConfig
+    from chunkpilot.contract import AttentionConfig
     from engine.engine import Engine, EngineConfig, Prompt
     from engine.policy import parse_policy
 
@@ -76,8 +72,12 @@ def worker(args: argparse.Namespace) -> None:
             result = engine.run(texts[n], n, AttentionConfig(window=window), parse_policy(chunk))
             if repeat:
                 runs[(n, window, chunk)].append((result.ttft_ms, calib))
-            print(f"  pass {repeat}/{args.repeats}: {n} tokens, window {window}, chunk {chunk}: "
-                  f"{result.ttft_ms:.0f} ms (burst {calib:.0f} ms)", file=sys.stderr, flush=True)
+            print(
+                f"  pass {repeat}/{args.repeats}: {n} tokens, window {window}, chunk {chunk}: "
+                f"{result.ttft_ms:.0f} ms (burst {calib:.0f} ms)",
+                file=sys.stderr,
+                flush=True,
+            )
     out = {
         "allocator": engine.runtime.allocator,
         "raw": {json.dumps(c): statistics.median(t for t, _ in v) for c, v in runs.items()},
@@ -97,22 +97,34 @@ def spawn(malloc: str) -> dict:
 def report(label: str, results: list[dict], args: argparse.Namespace, key: str) -> None:
     unit = "median TTFT ms" if key == "raw" else "median TTFT / calibration burst"
     print(f"\n== {label}: {results[0]['allocator']}, {len(results)} fresh processes, {unit}")
-    print(f"{'tokens':>6} {'window':>6} {'chunk':>5}  " + "".join(f"{'proc ' + str(i + 1):>9}" for i in range(len(results))) + f"{'max/min':>9}")
+    print(
+        f"{'tokens':>6} {'window':>6} {'chunk':>5}  "
+        + "".join(f"{'proc ' + str(i + 1):>9}" for i in range(len(results)))
+        + f"{'max/min':>9}"
+    )
     worst = 1.0
     for c in configs(args):
         values = [r[key][json.dumps(list(c))] for r in results]
         spread = max(values) / min(values)
         worst = max(worst, spread)
-        print(f"{c[0]:>6} {str(c[1]):>6} {c[2]:>5}  " + "".join(f"{v:>9.{0 if key == 'raw' else 2}f}" for v in values) + f"{spread:>9.3f}")
+        print(
+            f"{c[0]:>6} {str(c[1]):>6} {c[2]:>5}  "
+            + "".join(f"{v:>9.{0 if key == 'raw' else 2}f}" for v in values)
+            + f"{spread:>9.3f}"
+        )
     bursts = [r["burst_ms"] for r in results]
-    print(f"{'calibration burst ms':<20}" + "".join(f"{v:>9.0f}" for v in bursts) + f"{max(bursts) / min(bursts):>9.3f}")
+    print(
+        f"{'calibration burst ms':<20}" + "".join(f"{v:>9.0f}" for v in bursts) + f"{max(bursts) / min(bursts):>9.3f}"
+    )
     agree = True
     for n, window in dict.fromkeys((n, w) for n, w, _ in configs(args)):
         best = [min(args.chunks.split(","), key=lambda ch: r[key][json.dumps([n, window, ch])]) for r in results]
         agree &= len(set(best)) == 1
         print(f"best chunk at {n} tokens, window {window}: {' '.join(best)}")
-    print(f"worst max/min {worst:.3f} (target <= 1.10): {'met' if worst <= 1.10 else 'MISSED'}; "
-          f"best chunk the same in every process: {'yes' if agree else 'NO'}")
+    print(
+        f"worst max/min {worst:.3f} (target <= 1.10): {'met' if worst <= 1.10 else 'MISSED'}; "
+        f"best chunk the same in every process: {'yes' if agree else 'NO'}"
+    )
 
 
 def main() -> None:

@@ -39,7 +39,9 @@ def use_experiment(name: str) -> str:
     if experiment is not None:
         experiment_id = experiment.experiment_id
     elif uri.startswith("sqlite:"):  # the default store keeps artifacts beside it, under mlruns/
-        experiment_id = mlflow.create_experiment(name, artifact_location=(MLRUNS / "artifacts" / name).resolve().as_uri())
+        experiment_id = mlflow.create_experiment(
+            name, artifact_location=(MLRUNS / "artifacts" / name).resolve().as_uri()
+        )
     else:  # a tracking server decides where artifacts go
         experiment_id = mlflow.create_experiment(name)
     mlflow.set_experiment(experiment_id=experiment_id)

@@ -16,7 +16,6 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ATTN_NAME = "chunkpilot"
-KERNELS = ("sdpa", "eager")
 
 
 def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None, sinks: int) -> torch.Tensor:

@@ -6,34 +6,35 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 import torch
+from pydantic import Field, model_validator
 
-from chunkpilot.config import ATTN_IMPLS, DTYPES, AttentionConfig, ConfigError, RequestFeatures, check_choice, check_int
+from chunkpilot.contract import AttentionConfig, AttnImpl, ConfigError, Contract, Dtype, RequestFeatures, number
 
 from . import runtime
 from .kv_cache import ChunkCache
+from .measure import interleaved
 from .models import load_model
 from .policy import ChunkPolicy
 from .prefill import clock_ms, decode_one_token, prefill
 from .tokenizer import load_tokenizer, synthetic_text
 
 
-@dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(Contract):
     model: str = "mistral-44m"  # preset, checkpoint folder or shape file
-    dtype: str = "float32"
-    threads: int | None = None  # None: every core
-    attn_impl: str = "sdpa"
+    dtype: Dtype = "float32"
+    threads: int | None = Field(default=None, ge=1, le=1024, description="None: every core")
+    attn_impl: AttnImpl = "sdpa"
     device: str = "cpu"
-    seed: int = 0  # random weights of presets and shape files
+    seed: int = Field(default=0, ge=0, description="random weights of presets and shape files")
     compile: bool = False  # torch.compile(dynamic=True) of the model's forward; the warm-up compiles
 
-    def __post_init__(self) -> None:
-        check_choice("dtype", self.dtype, DTYPES)
-        check_choice("attn", self.attn_impl, ATTN_IMPLS)
-        if self.threads is not None:
-            check_int("threads", self.threads, 1, 1024)
+    @model_validator(mode="after")
+    def _device_present(self) -> EngineConfig:
         if self.device != "cpu" and not (self.device.startswith("cuda") and torch.cuda.is_available()):
-            raise ConfigError("device", f"must be cpu{' or cuda' if torch.cuda.is_available() else ''}; got {self.device!r}")
+            raise ConfigError(
+                "device", f"must be cpu{' or cuda' if torch.cuda.is_available() else ''}; got {self.device!r}"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,6 @@ class Engine:
     def runtime(self) -> runtime.RuntimeInfo:
         return runtime.current()  # a profiling worker changes threads between configs
 
-    def default_attention(self) -> AttentionConfig:
-        """The model's own window (Mistral: every layer; interleaved: the local layers), if any."""
-        return AttentionConfig(window=self.shape.window)
-
     def prompt_text(self, prompt: Prompt) -> str:
         """The text to tokenize (made before the clock starts)."""
         if prompt.text is not None:
@@ -128,7 +125,7 @@ class Engine:
 
     def check_context(self, n: int) -> int:
         """A prompt of n tokens plus the first decode step must fit the model's positions."""
-        return check_int("context_length", n, 1, self.shape.max_position - 1)
+        return number("context_length", n, int, ge=1, le=self.shape.max_position - 1)
 
     def features(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
         return RequestFeatures(
@@ -174,8 +171,7 @@ class Engine:
     def measure(
         self, prompt: Prompt, attention: AttentionConfig, policy: ChunkPolicy, repeats: int = 3, warmup: int = 1
     ) -> Measurement:
-        check_int("repeats", repeats, 1, 1000)
+        number("repeats", repeats, int, ge=1, le=1000)
         text = self.prompt_text(prompt)
-        for _ in range(warmup):
-            self.run(text, prompt.num_tokens, attention, policy)
-        return Measurement([self.run(text, prompt.num_tokens, attention, policy) for _ in range(repeats)])
+        runs = interleaved({policy.name: lambda: self.run(text, prompt.num_tokens, attention, policy)}, repeats, warmup)
+        return Measurement(runs[policy.name])

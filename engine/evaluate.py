@@ -11,6 +11,7 @@ excludes zero or is narrower than `precision`, up to `max_rounds`.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 from collections.abc import Callable
@@ -18,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from chunkpilot.config import DEFAULT_CHUNKS, AttentionConfig, ConfigError, feasible_chunks
+from chunkpilot.contract import DEFAULT_CHUNKS, AttentionConfig, ConfigError, feasible_chunks
 
+from .measure import interleaved
 from .policy import ChunkPolicy, FixedPolicy
 
 RESAMPLES = 2000
@@ -134,24 +136,25 @@ def evaluate(
         prompts.append(result)
     texts = {p.case.tokens: engine.prompt_text(Prompt(num_tokens=p.case.tokens)) for p in prompts}
 
-    def one_round(r: int, keep: bool) -> None:
-        for p in prompts:
-            sizes = list(p.times)
-            for c in sizes[r % len(sizes):] + sizes[: r % len(sizes)]:  # rotated: drift hits every size alike
-                ttft = engine.run(texts[p.case.tokens], p.case.tokens, p.case.attention, FixedPolicy(c)).ttft_ms
-                if keep:
-                    p.times[c].append(ttft)
+    def run(p: PromptResult, c: int) -> float:
+        return engine.run(texts[p.case.tokens], p.case.tokens, p.case.attention, FixedPolicy(c)).ttft_ms
 
-    one_round(0, keep=False)  # warm-up
+    steps = [{c: functools.partial(run, p, c) for c in p.times} for p in prompts]  # per prompt: its sizes
+    for sizes in steps:
+        interleaved(sizes, 0)  # warm-up
     savings: list[Saving] = []
     for r in range(1, max_rounds + 1):
-        one_round(r, keep=True)
+        for p, sizes in zip(prompts, steps, strict=True):  # each prompt's sizes rotated: drift hits them alike
+            for c, times in interleaved(sizes, 1, warmup=0, start=r).items():
+                p.times[c] += times
         if r < min_rounds:
             log(f"round {r}/{min_rounds}+ measured")
             continue
         savings = bootstrap_savings(prompts, pairs)
-        log(f"round {r}: " + "; ".join(f"{s.policy} vs {s.reference} {s.saving:+.1%} [{s.low:+.1%}, {s.high:+.1%}]"
-                                       for s in savings))
+        log(
+            f"round {r}: "
+            + "; ".join(f"{s.policy} vs {s.reference} {s.saving:+.1%} [{s.low:+.1%}, {s.high:+.1%}]" for s in savings)
+        )
         if all(s.settled(precision) for s in savings):
             break
     return Evaluation(list(policies), prompts, savings, r)
@@ -162,22 +165,40 @@ def format_evaluation(ev: Evaluation) -> str:
     lines = [f"{'prompt':<28}" + "".join(f"{p:>{width}}" for p in ev.policies) + f"{'measured best':>{width}}"]
     for p in ev.prompts:
         best = p.median(p.best)
-        cells = [f"{p.choices[n]:>5} {p.median(p.choices[n]):>7.0f}ms {p.median(p.choices[n]) / best - 1:>5.0%}"
-                 if n in p.choices else "n/a" for n in ev.policies]
-        lines.append(f"{p.case.label:<28}" + "".join(f"{c:>{width}}" for c in cells) + f"{p.best:>5} {best:>7.0f}ms      ")
+        cells = [
+            f"{p.choices[n]:>5} {p.median(p.choices[n]):>7.0f}ms {p.median(p.choices[n]) / best - 1:>5.0%}"
+            if n in p.choices
+            else "n/a"
+            for n in ev.policies
+        ]
+        lines.append(
+            f"{p.case.label:<28}" + "".join(f"{c:>{width}}" for c in cells) + f"{p.best:>5} {best:>7.0f}ms      "
+        )
     common = [p for p in ev.prompts if all(n in p.choices for n in ev.policies)]
-    totals = [sum(p.median(p.choices[n]) for p in common) for n in ev.policies] + [sum(p.median(p.best) for p in common)]
+    totals = [sum(p.median(p.choices[n]) for p in common) for n in ev.policies] + [
+        sum(p.median(p.best) for p in common)
+    ]
     lines.append(f"{f'total TTFT ({len(common)} prompts)':<28}" + "".join(f"{t:>{width - 3}.0f}ms " for t in totals))
-    regrets = [statistics.fmean(p.median(p.choices[n]) / p.median(p.best) - 1 for p in ev.prompts if n in p.choices)
-               for n in ev.policies]
+    regrets = [
+        statistics.fmean(p.median(p.choices[n]) / p.median(p.best) - 1 for p in ev.prompts if n in p.choices)
+        for n in ev.policies
+    ]
     lines.append(f"{'mean regret vs best':<28}" + "".join(f"{r:>{width - 1}.1%} " for r in regrets))
     sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
-    lines.append(f"cells: chunk size, median TTFT over {ev.rounds} rounds, regret against the measured best (the "
-                 "fastest size of the same measurements)" + (f"; auto decided from: {', '.join(sources)}" if sources else ""))
+    lines.append(
+        f"cells: chunk size, median TTFT over {ev.rounds} rounds, regret against the measured best (the "
+        "fastest size of the same measurements)" + (f"; auto decided from: {', '.join(sources)}" if sources else "")
+    )
     for s in ev.savings:
-        verdict = ("saves time" if s.low > 0 else "costs time" if s.high < 0 else "no difference this measurement can see")
-        lines.append(f"{s.policy} vs {s.reference}: {s.saving:+.1%} of total TTFT saved ({s.prompts} prompts), "
-                     f"95% CI [{s.low:+.1%}, {s.high:+.1%}] -> {verdict}")
-    lines.append("(95% CI: a paired bootstrap over the measured rounds; the saving on this machine and these prompts "
-                 "lies inside it with 95% confidence, and an interval that holds 0 means the two cannot be told apart)")
+        verdict = (
+            "saves time" if s.low > 0 else "costs time" if s.high < 0 else "no difference this measurement can see"
+        )
+        lines.append(
+            f"{s.policy} vs {s.reference}: {s.saving:+.1%} of total TTFT saved ({s.prompts} prompts), "
+            f"95% CI [{s.low:+.1%}, {s.high:+.1%}] -> {verdict}"
+        )
+    lines.append(
+        "(95% CI: a paired bootstrap over the measured rounds; the saving on this machine and these prompts "
+        "lies inside it with 95% confidence, and an interval that holds 0 means the two cannot be told apart)"
+    )
     return "\n".join(lines)

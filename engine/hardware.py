@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from chunkpilot.contract import Hardware
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -52,13 +54,23 @@ def fingerprint(device: str = "cpu") -> dict:
     """What the machine is; `hardware_id` hashes only what does not change between runs."""
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(device)
-        static = {"device_kind": "cuda", "device_name": props.name, "cores": props.multi_processor_count,
-                  "l2_cache_bytes": getattr(props, "L2_cache_size", 0), "l3_cache_bytes": 0,
-                  "memory_bytes": props.total_memory}
+        static = {
+            "device_kind": "cuda",
+            "device_name": props.name,
+            "cores": props.multi_processor_count,
+            "l2_cache_bytes": getattr(props, "L2_cache_size", 0),
+            "l3_cache_bytes": 0,
+            "memory_bytes": props.total_memory,
+        }
     else:
-        static = {"device_kind": "cpu", "device_name": _cpu_name(), "cores": os.cpu_count() or 1,
-                  "l2_cache_bytes": _cache_bytes(2), "l3_cache_bytes": _cache_bytes(3),
-                  "memory_bytes": _memory_bytes()}
+        static = {
+            "device_kind": "cpu",
+            "device_name": _cpu_name(),
+            "cores": os.cpu_count() or 1,
+            "l2_cache_bytes": _cache_bytes(2),
+            "l3_cache_bytes": _cache_bytes(3),
+            "memory_bytes": _memory_bytes(),
+        }
     stable = {k: v for k, v in static.items() if k != "memory_bytes"}
     ident = json.dumps({**stable, "memory_gib": round(static["memory_bytes"] / 2**30)}, sort_keys=True)
     return {
@@ -91,8 +103,12 @@ def measure_descriptors(dtype: str, threads: int) -> dict:
         dst = torch.empty_like(src)
         bandwidth = 2 * src.nbytes / (_median_ms(lambda: dst.copy_(src)) / 1e3) / 1e9  # read + write
         config = transformers.LlamaConfig(
-            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=2,
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
         )
         tiny = transformers.AutoModelForCausalLM.from_config(config).eval()
         ids = torch.zeros(1, 1, dtype=torch.long)
@@ -119,8 +135,12 @@ def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", 
     key = f"{dtype}/{threads}"
     if key not in cached:
         if announce:
-            print(f"chunkpilot: measuring this machine ({fp['hardware_id']}, {dtype}, {threads} threads) once, "
-                  f"a few seconds; cached in {cache_dir}", file=sys.stderr, flush=True)
+            print(
+                f"chunkpilot: measuring this machine ({fp['hardware_id']}, {dtype}, {threads} threads) once, "
+                f"a few seconds; cached in {cache_dir}",
+                file=sys.stderr,
+                flush=True,
+            )
         cached[key] = measure_descriptors(dtype, threads)
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -129,12 +149,8 @@ def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", 
     return {**fp, **cached[key]}
 
 
-REQUEST_FIELDS = ("hardware_id", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores",
-                  "l2_cache_bytes", "l3_cache_bytes")
-
-
-def local_hardware(dtype: str, threads: int, device: str = "cpu") -> dict:
+def local_hardware(dtype: str, threads: int, device: str = "cpu") -> Hardware:
     """This machine as a request describes it: its id plus descriptors, measured into the user's
     cache the first time (so a machine no dataset holds still gets model decisions)."""
     found = descriptors(user_cache_dir() / "hardware", dtype, threads, device, announce=True)
-    return {k: found[k] for k in REQUEST_FIELDS}
+    return Hardware(**{name: found[name] for name in Hardware.model_fields})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
-from chunkpilot.config import AttentionConfig
+from chunkpilot.contract import AttentionConfig
 
 
 class Sinks:

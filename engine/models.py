@@ -19,7 +19,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from chunkpilot.config import PRESETS, ConfigError, ModelShape
+from chunkpilot.contract import PRESETS, ConfigError, ModelShape
 
 from .attention import ATTN_NAME
 
@@ -45,14 +45,11 @@ class LoadedModel:
     model: PreTrainedModel
     checkpoint: Path | None  # where a tokenizer may live
 
-    @property
-    def parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
 
 def hf_config(shape: ModelShape) -> PretrainedConfig:
     """The transformers config of a shape: one place maps our fields onto each family's names."""
     common = {theirs: getattr(shape, ours) for ours, theirs in _FIELDS.items()}
+    common["tie_word_embeddings"] = shape.tie_embeddings
     if shape.family == "llama":
         return LlamaConfig(**common)
     if shape.family == "mistral":
@@ -73,7 +70,9 @@ def shape_of(config: PretrainedConfig) -> ModelShape:
     """Read a checkpoint's config back into a ModelShape (the inverse of `hf_config`)."""
     family = _MODEL_TYPES.get(config.model_type)
     if family is None:
-        raise ConfigError("model", f"model_type {config.model_type!r} is not supported; supported: {', '.join(_MODEL_TYPES)}")
+        raise ConfigError(
+            "model", f"model_type {config.model_type!r} is not supported; supported: {', '.join(_MODEL_TYPES)}"
+        )
     window = getattr(config, "sliding_window", None)
     global_every = None
     if family == "qwen2" and not config.use_sliding_window:
@@ -82,11 +81,14 @@ def shape_of(config: PretrainedConfig) -> ModelShape:
         full = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"]
         global_every = full[0] + 1 if full else None
         if full and full != list(range(full[0], config.num_hidden_layers, full[0] + 1)):
-            raise ConfigError("model", f"gemma3 layer_types must repeat one local/global pattern; got {config.layer_types}")
+            raise ConfigError(
+                "model", f"gemma3 layer_types must repeat one local/global pattern; got {config.layer_types}"
+            )
         if window is not None and window >= config.max_position_embeddings:
             window = None  # `hf_config` writes max_position for "no window"
     fields = {ours: getattr(config, theirs, None) for ours, theirs in _FIELDS.items()}
-    return ModelShape(family=family, window=window, global_every=global_every, **fields)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    return ModelShape(family=family, window=window, global_every=global_every, tie_embeddings=tied, **fields)
 
 
 def build_model(shape: ModelShape, seed: int = 0) -> PreTrainedModel:

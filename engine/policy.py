@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from chunkpilot.config import ConfigError, RequestFeatures, check_int, hand_rule
+from chunkpilot.contract import ConfigError, RequestFeatures, hand_rule, number
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,6 @@ def parse_policy(value: str | int) -> ChunkPolicy:
     if value == "rule":
         return RulePolicy()
     try:
-        return FixedPolicy(check_int("chunk_size", value, 1))
+        return FixedPolicy(number("chunk_size", value, int, ge=1))
     except ConfigError:
         raise ConfigError("chunk_size", f"must be a positive integer, 'full' or 'rule'; got {value!r}") from None

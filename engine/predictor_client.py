@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from chunkpilot.config import RequestFeatures
+from chunkpilot.contract import ChunkRequest, Hardware, RequestFeatures
+from chunkpilot.registry import CHAMPION, MODEL_NAME
 
 from .policy import Decision, RulePolicy
 
@@ -22,19 +23,20 @@ CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's al
 
 def bucket(request: RequestFeatures) -> tuple:
     """Requests that get one answer: same everything, context within a quarter octave."""
-    return (round(4 * math.log2(request.context_length)), request.shape, request.attention,
-            request.dtype, request.threads, request.attn_impl)
-
-
-def request_body(request: RequestFeatures, hardware: dict) -> dict:
     att = request.attention
-    return {
-        "context_length": request.context_length,
-        "model": request.shape.to_dict(),
-        "attention": {"window": att.window, "layout": att.layout, "sinks": att.sinks},
-        "dtype": request.dtype, "threads": request.threads, "attn_impl": request.attn_impl,
-        "hardware": hardware,
-    }
+    return (
+        round(4 * math.log2(request.context_length)),
+        request.model,
+        att,
+        request.dtype,
+        request.threads,
+        request.attn_impl,
+    )
+
+
+def ask(request: RequestFeatures, hardware: Hardware) -> ChunkRequest:
+    """The service's question about `request` on this machine."""
+    return ChunkRequest(**dict(request), hardware=hardware)
 
 
 _warned = False
@@ -90,9 +92,9 @@ class Breaker:
 
 @dataclass
 class AutoPolicy:
-    url: str = "http://127.0.0.1:8000"
-    timeout_s: float = 0.05
-    hardware: dict = field(default_factory=dict)
+    url: str
+    timeout_s: float
+    hardware: Hardware  # this machine (engine.hardware.local_hardware)
     breaker: Breaker = field(default_factory=Breaker)
     cache_ttl_s: float = CACHE_TTL_S
     name: str = "auto"
@@ -109,8 +111,9 @@ class AutoPolicy:
         if cached is not None and time.monotonic() - cached[1] < self.cache_ttl_s:
             return Decision(min(cached[0], request.max_chunk), "cache", self.version)
         if not self.breaker.allows():
-            return fall_back(request, f"circuit breaker open after {self.breaker.failures} failures "
-                                      f"(last: {self.last_error})")
+            return fall_back(
+                request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"
+            )
         try:
             chunk, version = self._ask(request)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
@@ -124,7 +127,7 @@ class AutoPolicy:
         return Decision(chunk, "service", version)
 
     def _ask(self, request: RequestFeatures) -> tuple[int, str]:
-        response = self.client.post("/v1/chunk-size", json=request_body(request, self.hardware))
+        response = self.client.post("/v1/chunk-size", json=ask(request, self.hardware).model_dump(mode="json"))
         response.raise_for_status()
         answer = response.json()
         chunk = answer["chunk_size"]
@@ -141,9 +144,9 @@ class InProcessPolicy:
     """The same decision without HTTP: the registered model loaded into this process."""
 
     tracking_uri: str
-    hardware: dict
-    model_name: str = "chunk-size-predictor"
-    alias: str = "champion"
+    hardware: Hardware
+    model_name: str = MODEL_NAME
+    alias: str = CHAMPION
     name: str = "auto"
 
     def __post_init__(self) -> None:
@@ -153,10 +156,9 @@ class InProcessPolicy:
 
     def choose(self, request: RequestFeatures) -> Decision:
         from predictor.model import Infeasible
-        from predictor.schemas import ChunkRequest
 
         try:
-            decision = self.predictor.decide(ChunkRequest.model_validate(request_body(request, self.hardware)))
+            decision = self.predictor.decide(ask(request, self.hardware))
         except (Infeasible, ValueError) as exc:  # the rule always has an answer
             return fall_back(request, f"the in-process model cannot answer: {str(exc).splitlines()[0]}")
         return Decision(decision.chunk_size, "in-process", decision.model_version)

@@ -17,9 +17,7 @@ def clock_ms(device: torch.device) -> float:
     return time.perf_counter() * 1e3
 
 
-def forward_step(
-    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, start: int, kernel: str
-) -> torch.Tensor:
+def forward_step(model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, start: int, kernel: str) -> torch.Tensor:
     """`ids` [1, C] at positions start..start+C-1 -> logits of the last position [1, V]."""
     positions = torch.arange(start, start + ids.shape[1], device=ids.device)  # [C]
     step = StepMasks(positions, cache.layers, kernel, model.dtype)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from chunkpilot.config import ConfigError
+from chunkpilot.contract import ConfigError
 
 CORPUS = Path(__file__).parent / "assets" / "corpus.txt"
 MAX_TRAINED_VOCAB = 8192

@@ -1,16 +1,15 @@
-"""The FastAPI app: the champion loaded once in the lifespan, decisions on the event loop (they
-take microseconds), Prometheus metrics, readiness, and an admin reload behind a bearer token."""
+"""The FastAPI app: the champion loaded once in the lifespan, the routes (predictor/routes.py) with
+decisions on the event loop (they take microseconds), Prometheus metrics, and refusals counted by
+reason."""
 
 from __future__ import annotations
 
 import gc
 import os
-import secrets
 import threading
 from contextlib import asynccontextmanager
-from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -18,11 +17,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
-from .model import Decision, Infeasible
-from .schemas import BatchRequest, BatchResponse, ChunkRequest, ChunkResponse
+from . import routes
+from .model import Infeasible
 from .service import ServiceMetrics, ServiceState
 from .settings import Settings
-
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -60,24 +58,6 @@ class _TooLarge(Exception):
     pass
 
 
-def _response(decision: Decision, source: str) -> ChunkResponse:
-    return ChunkResponse(chunk_size=decision.chunk_size, predicted_ttft_ms=decision.predicted_ttft_ms,
-                         top=decision.top, rule=decision.rule, model_version=decision.model_version, source=source)
-
-
-async def ready_state(request: Request) -> ServiceState:
-    """The app's state, or 503 with the reason while no model is loaded (async: FastAPI would run a
-    plain function in its thread pool, a thread hop per request)."""
-    state: ServiceState = request.app.state.service
-    if state.predictor is None:
-        state.metrics.rejections.labels("not_ready").inc()
-        raise HTTPException(503, detail=f"not ready: {state.not_ready}")
-    return state
-
-
-Ready = Annotated[ServiceState, Depends(ready_state)]
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     registry = CollectorRegistry()
@@ -113,39 +93,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state.metrics.rejections.labels(exc.reason).inc()
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
-    @app.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
-    async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
-        return _response(*service.decide(body))
-
-    @app.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})
-    async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
-        return BatchResponse(responses=[_response(*service.decide(r)) for r in body.requests])
-
-    @app.get("/v1/model", responses={503: {}})
-    async def model_info(service: Ready) -> dict:
-        return {**service.predictor.info, "cache_entries": len(service.cache.entries)}
-
-    @app.get("/livez")
-    async def livez() -> dict:
-        return {"status": "alive"}
-
-    @app.get("/readyz", responses={503: {}})
-    async def readyz() -> JSONResponse:
-        if state.predictor is None:
-            return JSONResponse({"ready": False, "reason": state.not_ready}, status_code=503)
-        return JSONResponse({"ready": True, "version": state.predictor.version, "last_reload_error": state.last_error})
-
+    app.include_router(routes.router)
     if settings.admin_token is not None:  # without a token the admin route does not exist
-
-        @app.post("/admin/reload", responses={401: {}})
-        def reload(authorization: Annotated[str | None, Header()] = None) -> dict:
-            expected = f"Bearer {settings.admin_token.get_secret_value()}".encode()
-            if authorization is None or not secrets.compare_digest(authorization.encode(), expected):
-                raise HTTPException(401, detail="a valid bearer token is required")
-            outcome = state.load(force=True)
-            return {"outcome": outcome, "version": state.predictor.version if state.predictor else None,
-                    "last_reload_error": state.last_error}
-
+        app.include_router(routes.admin)
     instrumentator.expose(app, include_in_schema=False)  # after the API: routes match in order
     app.state.service = state
     return app

@@ -14,16 +14,19 @@ import numpy as np
 Num = float | np.ndarray  # a column, or one value shared by every row
 
 # What a row must provide (dataset columns; the service fills the same names from a request).
+# fmt: off
 INPUT_COLUMNS = (
     "context_length", "chunk_size", "window", "layout", "sinks", "global_every",
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
     "parameters", "dtype", "threads", "attn_impl",
     "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes",
 )
+# fmt: on
 LAYOUT_CODES = {"none": 0, "shift": 1, "ring": 2}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ATTN_CODES = {"sdpa": 0, "eager": 1}
 
+# fmt: off
 FEATURES = (
     # the request
     "context_length", "chunk_size", "num_chunks", "last_chunk", "chunk_over_context",
@@ -36,11 +39,12 @@ FEATURES = (
     # analytic terms
     "linear_gflop", "attention_gflop", "kv_mib", "chunk_score_mib", "compute_ms", "overhead_ms",
 )
+# fmt: on
 # TTFT cannot fall as the context grows with everything else fixed
 MONOTONE = tuple(1 if name == "context_length" else 0 for name in FEATURES)
 
 
-def _keys_sum(n: Num, c: Num, window: Num) -> Num:
+def keys_sum(n: Num, c: Num, window: Num) -> Num:
     """Sum over chunks of (query tokens x keys attended) for prompt n in chunks of c, keys limited
     to the last `window` tokens plus the chunk (window = inf: no limit). Closed form, no loop:
     all chunks but the last have c queries and min(start, window) + c keys."""
@@ -75,7 +79,7 @@ def _codes(value: np.ndarray | list | str, table: dict[str, int]) -> Num:
 
 def _attended(layers: Num, n: Num, c: Num, window: Num) -> Num:
     """layers x the keys each query attends to, summed; nothing to sum where no layer is of this kind."""
-    return 0.0 if isinstance(layers, float) and layers == 0 else layers * _keys_sum(n, c, window)
+    return 0.0 if isinstance(layers, float) and layers == 0 else layers * keys_sum(n, c, window)
 
 
 def _where(condition: bool | np.ndarray, a: Num, b: Num) -> Num:
@@ -106,6 +110,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     keys_last = np.minimum(n, _where(has_window, window, n) + c)
     score_bytes = heads * c * keys_last * 4  # one chunk's score matrix, the attention working set
     gflops = f["matmul_gflops"]
+    # fmt: off
     out = {
         "context_length": n, "chunk_size": c, "num_chunks": m, "last_chunk": n - (m - 1) * c,
         "chunk_over_context": c / n, "window": _where(has_window, f["window"], 0.0), "has_window": has_window,
@@ -120,6 +125,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
         "chunk_score_mib": score_bytes / 2**20, "compute_ms": (linear + attention) / (gflops * 1e9) * 1e3,
         "overhead_ms": (m + 1) * layers * f["call_overhead_ms"],
     }
+    # fmt: on
     x = np.empty((len(c), len(FEATURES)))
     for j, name in enumerate(FEATURES):
         x[:, j] = out[name]  # shared scalars broadcast down the column

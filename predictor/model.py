@@ -4,21 +4,18 @@ No torch, no transformers, no pandas: this runs in the service's hot path."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import lightgbm as lgb
-import numpy as np
 
-from chunkpilot.config import DEFAULT_CHUNKS, PRESETS, ConfigError, ModelShape, feasible_chunks, hand_rule, max_chunk
+from chunkpilot import registry
+from chunkpilot.contract import DEFAULT_CHUNKS, ChunkRequest, Hardware, feasible_chunks, hand_rule, max_chunk
 
 from .choice import pick
 from .features import base_log_ms, build
-from .schemas import Candidate, ChunkRequest, Hardware
+from .schemas import Candidate
 
 TOP = 5  # candidates returned with their predictions
 
@@ -47,11 +44,13 @@ def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) 
     over the profiled machine's nearest setting, if any."""
     found: dict = {}
     given = hardware.model_dump(exclude={"hardware_id"}, exclude_none=True)
-    described = {"matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores"} <= set(given)
     machine = table.get(hardware.hardware_id) if hardware.hardware_id is not None else None
-    if machine is None and not described:
-        raise Infeasible(f"hardware.hardware_id {hardware.hardware_id!r} was not profiled (known: "
-                         f"{', '.join(table) or 'none'}); give its descriptors instead", "unknown_hardware")
+    if machine is None and not hardware.described:
+        raise Infeasible(
+            f"hardware.hardware_id {hardware.hardware_id!r} was not profiled (known: "
+            f"{', '.join(table) or 'none'}); give its descriptors instead",
+            "unknown_hardware",
+        )
     if machine is not None:
         measured = {tuple(k.split("/")): v for k, v in machine["descriptors"].items()}
         same_dtype = [k for k in measured if k[0] == dtype] or list(measured)
@@ -84,24 +83,11 @@ class Predictor:
 
     def decide(self, request: ChunkRequest) -> Decision:
         n, att = request.context_length, request.attention
-        try:
-            shape = PRESETS[request.model] if isinstance(request.model, str) else ModelShape(**request.model.model_dump())
-        except ConfigError as exc:
-            raise Infeasible(f"model.{exc.field}: {exc.message}", "bad_model") from None
         chunks = self.candidates(request)
         rule = min(hand_rule(n), max_chunk(n, att.window, att.layout))
         sizes = chunks + ([rule] if rule not in chunks else [])
         hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
-        constant = {
-            "context_length": n, "window": att.window or 0, "layout": "none" if att.window is None else att.layout,
-            "sinks": att.sinks, "global_every": shape.global_every or 0, "num_layers": shape.num_layers,
-            "hidden_size": shape.hidden_size, "num_heads": shape.num_heads, "num_kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim, "intermediate_size": shape.intermediate_size, "vocab_size": shape.vocab_size,
-            "parameters": shape.parameters, "dtype": request.dtype, "threads": request.threads,
-            "attn_impl": request.attn_impl, **{k: hw.get(k, 0) for k in ("matmul_gflops", "bandwidth_gbs",
-                                                                        "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes")},
-        }
-        x = build({**constant, "chunk_size": sizes})  # one config, one row per candidate
+        x = build({**request.row(hw), "chunk_size": sizes})  # one config, one row per candidate
         # one thread: a dozen rows gain nothing from OpenMP, whose spinning stalls on a busy machine
         log_ms = (self.booster.predict(x, num_threads=1) + base_log_ms(x)).tolist()
         ms = [math.exp(v) for v in log_ms]
@@ -141,42 +127,31 @@ class DecisionCache:
 def smoke_request(hardware: dict) -> ChunkRequest:
     """A request every loaded model must answer before it serves."""
     hardware_id = next(iter(hardware), None)
-    described = {"hardware_id": hardware_id} if hardware_id else {
-        "matmul_gflops": 100.0, "bandwidth_gbs": 10.0, "call_overhead_ms": 1.0, "cores": 2}
+    described = (
+        {"hardware_id": hardware_id}
+        if hardware_id
+        else {"matmul_gflops": 100.0, "bandwidth_gbs": 10.0, "call_overhead_ms": 1.0, "cores": 2}
+    )
     return ChunkRequest(context_length=2048, model="llama-tiny", attention={"window": 512}, hardware=described)
 
 
 def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
-    """The registered model behind `name@alias`, as a Booster (LightGBM's text format, never a
-    pickle) plus its hardware table, checked on a smoke request before it may serve."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    from chunkpilot.tracking import quiet_mlflow
-
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a model load, not a download to watch
-    with quiet_mlflow():
-        client = MlflowClient(tracking_uri=tracking_uri)
-        version = client.get_model_version_by_alias(name, alias)
-        mlflow.set_tracking_uri(tracking_uri)
-        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}"))
-        model_files = list(local.glob("*.lgb"))
-        if len(model_files) != 1:
-            raise ValueError(f"{name} v{version.version} holds no LightGBM text model (*.lgb)")
-        booster = lgb.Booster(model_file=str(model_files[0]))
-        hardware = json.loads(Path(mlflow.artifacts.download_artifacts(
-            run_id=version.run_id, artifact_path="hardware.json", tracking_uri=tracking_uri)).read_text())
-        run = client.get_run(version.run_id)
-        recipe = json.loads(run.data.params.get("lgbm_params", "{}"))
-        ranker = lgb.Booster(model_file=mlflow.artifacts.download_artifacts(
-            run_id=version.run_id, artifact_path="ranker.lgb", tracking_uri=tracking_uri)) if recipe.get("rank_with_ranker") else None
-    rule_margin = float(recipe.get("rule_margin", 0.0))
+    """The registered model behind `name@alias` as Boosters plus its hardware table, checked on a
+    smoke request before it may serve."""
+    stored = registry.fetch(tracking_uri, name, alias)
+    ranker = None if stored.ranker_file is None else lgb.Booster(model_file=str(stored.ranker_file))
+    rule_margin = float(stored.recipe["rule_margin"])
     info = {
-        "name": name, "alias": alias, "version": str(version.version), "run_id": version.run_id,
-        "trained_on_rows": int(run.data.params.get("rows", 0)), "rule_margin": rule_margin,
+        "name": name,
+        "alias": alias,
+        "version": stored.version,
+        "run_id": stored.run_id,
+        "trained_on_rows": stored.rows,
+        "rule_margin": rule_margin,
         "ranker": ranker is not None,
-        "held_out": {k: v for k, v in run.data.metrics.items() if not math.isnan(v)},
+        "held_out": stored.metrics,
     }
-    predictor = Predictor(str(version.version), booster, hardware, info, ranker, rule_margin)
-    predictor.decide(smoke_request(hardware))
+    booster = lgb.Booster(model_file=str(stored.model_file))
+    predictor = Predictor(stored.version, booster, stored.hardware, info, ranker, rule_margin)
+    predictor.decide(smoke_request(stored.hardware))
     return predictor

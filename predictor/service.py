@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from chunkpilot.contract import ChunkRequest
+
 from .model import Decision, DecisionCache, Predictor, load_predictor
-from .schemas import ChunkRequest
 from .settings import Settings
 
 
@@ -19,13 +20,19 @@ class ServiceMetrics:
     build several apps in one process)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.decisions = Counter("chunkpilot_decisions", "Chunk-size decisions by chosen size and source",
-                                 ["chunk_size", "source"], registry=registry)
-        self.rejections = Counter("chunkpilot_rejections", "Requests refused (4xx/503), by reason", ["reason"],
-                                  registry=registry)
+        self.decisions = Counter(
+            "chunkpilot_decisions",
+            "Chunk-size decisions by chosen size and source",
+            ["chunk_size", "source"],
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "chunkpilot_rejections", "Requests refused (4xx/503), by reason", ["reason"], registry=registry
+        )
         self.reloads = Counter("chunkpilot_model_reloads", "Model loads by outcome", ["outcome"], registry=registry)
-        self.model_version = Gauge("chunkpilot_model_version", "Registered model version being served",
-                                   registry=registry)
+        self.model_version = Gauge(
+            "chunkpilot_model_version", "Registered model version being served", registry=registry
+        )
 
 
 @dataclass
@@ -48,7 +55,8 @@ class ServiceState:
             try:
                 loaded = load_predictor(s.tracking_uri, s.model_name, s.model_alias)
             except Exception as exc:  # any failure leaves the old model serving
-                reason = f"loading {s.model_name}@{s.model_alias} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                first_line = str(exc).splitlines()[0] if str(exc) else ""
+                reason = f"loading {s.model_name}@{s.model_alias} failed: {type(exc).__name__}: {first_line}"
                 self.last_error = reason
                 if self.predictor is None:
                     self.not_ready = reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chunkpilot.registry import CHAMPION, MODEL_NAME
 from chunkpilot.tracking import tracking_uri
 
 
@@ -12,8 +13,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHUNKPILOT_")
 
     tracking_uri: str = Field(default_factory=tracking_uri, description="MLflow store (default: the project's)")
-    model_name: str = "chunk-size-predictor"
-    model_alias: str = "champion"
+    model_name: str = MODEL_NAME
+    model_alias: str = CHAMPION
     poll_interval_s: float = Field(default=30.0, ge=0, description="how often to check the alias; 0: never")
     admin_token: SecretStr | None = Field(default=None, description="bearer token of /admin/reload; unset: route off")
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkpilot.config import PRESETS, ConfigError, ModelShape
+from chunkpilot.contract import PRESETS, ConfigError, ModelShape
 
 from .spec import ProfileConfig
 
@@ -30,7 +30,9 @@ def known_shape(model: str) -> ModelShape:
         return ModelShape.from_file(path)
     if path.is_dir():
         return FALLBACK_SHAPE
-    raise ConfigError("models", f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder nor a shape file")
+    raise ConfigError(
+        "models", f"{model!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder nor a shape file"
+    )
 
 
 def config_cost(config: ProfileConfig, shape: ModelShape, chunks: list[int], passes: int) -> tuple[float, float]:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import random
 import statistics
 from dataclasses import dataclass
-
 from pathlib import Path
 
-from chunkpilot.config import ConfigError
+from chunkpilot.contract import ConfigError
 
 from .spec import Spec
 from .store import read_dataset
@@ -54,10 +53,19 @@ def check_reproducibility(spec: Spec, out: Path, sample: int) -> list[ReproRow]:
         for i, key in enumerate(chosen):
             old = dataset[dataset.config_key == key]
             new = worker.measure(by_key[key])
-            rows.append(compare(key, dict(zip(old.chunk_size, old.ttft_ms)), dict(zip(new.chunk_size, new.ttft_ms)),
-                                dict(zip(new.chunk_size, new.ttft_cv))))
-            print(f"[{i + 1}/{len(chosen)}] {key}: best {rows[-1].old_best} -> {rows[-1].new_best}, "
-                  f"TTFT ratio {rows[-1].ratio:.2f}", flush=True)
+            rows.append(
+                compare(
+                    key,
+                    dict(zip(old.chunk_size, old.ttft_ms, strict=True)),
+                    dict(zip(new.chunk_size, new.ttft_ms, strict=True)),
+                    dict(zip(new.chunk_size, new.ttft_cv, strict=True)),
+                )
+            )
+            print(
+                f"[{i + 1}/{len(chosen)}] {key}: best {rows[-1].old_best} -> {rows[-1].new_best}, "
+                f"TTFT ratio {rows[-1].ratio:.2f}",
+                flush=True,
+            )
     return rows
 
 
@@ -65,6 +73,8 @@ def format_repro(rows: list[ReproRow]) -> str:
     agree = sum(r.agrees for r in rows) / len(rows)
     ratio = statistics.median(r.ratio for r in rows)
     ties = sum(r.tie for r in rows)
-    return (f"reproducibility over {len(rows)} configs re-measured in a fresh process: best chunk agrees on "
-            f"{agree:.0%} ({ties} of them ties within the noise; target >= 90%), median TTFT ratio new/old "
-            f"{ratio:.3f} (target within 10%: {'met' if abs(ratio - 1) <= 0.10 else 'MISSED'})")
+    return (
+        f"reproducibility over {len(rows)} configs re-measured in a fresh process: best chunk agrees on "
+        f"{agree:.0%} ({ties} of them ties within the noise; target >= 90%), median TTFT ratio new/old "
+        f"{ratio:.3f} (target within 10%: {'met' if abs(ratio - 1) <= 0.10 else 'MISSED'})"
+    )

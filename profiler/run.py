@@ -25,8 +25,10 @@ def _clock(seconds: float) -> str:
 
 def describe(config: ProfileConfig) -> str:
     window = "none" if config.window is None else f"{config.window}{config.layout[0]}"
-    return (f"{Path(config.model).stem} n={config.context_length} w={window} s={config.sinks} "
-            f"{config.dtype} t{config.threads} {config.attn_impl}")
+    return (
+        f"{Path(config.model).stem} n={config.context_length} w={window} s={config.sinks} "
+        f"{config.dtype} t{config.threads} {config.attn_impl}"
+    )
 
 
 @dataclass
@@ -67,8 +69,11 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
     times = TimeModel()
     start = time.monotonic()
     deadline = None if budget_minutes is None else start + 60 * budget_minutes
-    print(f"profile {spec.name}: {len(spec.configs)} configs, {report.already_done} already done, "
-          f"{len(plan)} to measure -> {directory}", file=sys.stderr)
+    print(
+        f"profile {spec.name}: {len(spec.configs)} configs, {report.already_done} already done, "
+        f"{len(plan)} to measure -> {directory}",
+        file=sys.stderr,
+    )
     if report.skipped_candidates:
         reasons = ", ".join(f"{n} {why}" for why, n in report.skipped_candidates.items())
         print(f"infeasible chunk sizes skipped: {reasons}", file=sys.stderr)
@@ -83,22 +88,29 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
                     rows = worker.measure(config)
                 except WorkerError as exc:  # one crashed config (out of memory, say) must not end the sweep
                     report.failed.append(config.key)
-                    print(f"[{i + 1:>4}/{len(plan)}] {describe(config)}: FAILED, will be retried by a rerun: {exc}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[{i + 1:>4}/{len(plan)}] {describe(config)}: FAILED, will be retried by a rerun: {exc}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     continue
                 write_config(directory, config.key, rows)
                 seconds = time.monotonic() - t0
                 times.learn(config, costs[config], seconds)
                 report.measured.append(config.key)
                 elapsed = time.monotonic() - start
-                remaining = sum(times.seconds(c, costs[c]) for c in plan[i + 1:])
+                remaining = sum(times.seconds(c, costs[c]) for c in plan[i + 1 :])
                 if deadline is not None:
                     remaining = min(remaining, max(deadline - time.monotonic(), 0))
                 best = rows.loc[rows.ttft_ms.idxmin()]
-                print(f"[{i + 1:>4}/{len(plan)} {100 * (i + 1) / len(plan):3.0f}%] {_clock(elapsed)} elapsed, "
-                      f"ETA {_clock(remaining)} | {describe(config)}: best {best.chunk_size} of {len(rows)} "
-                      f"({best.ttft_ms:.1f} ms, cv {statistics.median(rows.ttft_cv):.0%})"
-                      + (" NOISY" if rows.noisy.iloc[0] else ""), file=sys.stderr, flush=True)
+                print(
+                    f"[{i + 1:>4}/{len(plan)} {100 * (i + 1) / len(plan):3.0f}%] {_clock(elapsed)} elapsed, "
+                    f"ETA {_clock(remaining)} | {describe(config)}: best {best.chunk_size} of {len(rows)} "
+                    f"({best.ttft_ms:.1f} ms, cv {statistics.median(rows.ttft_cv):.0%})"
+                    + (" NOISY" if rows.noisy.iloc[0] else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
         except KeyboardInterrupt:
             report.interrupted = True
     report.seconds = time.monotonic() - start
@@ -113,20 +125,35 @@ def log_run(spec: Spec, report: RunReport, dataset: pd.DataFrame, budget_minutes
 
     measured = dataset[dataset.config_key.isin(report.measured)]
     with quiet_mlflow(), mlflow.start_run(run_name=spec.name, experiment_id=use_experiment("profiling")) as run:
-        mlflow.log_params({
-            "spec": spec.name, "configs_in_spec": len(spec.configs), "repeats": spec.repeats, "warmup": spec.warmup,
-            "cv_threshold": spec.cv_threshold, "max_remeasure": spec.max_remeasure,
-            "chunk_sizes": ",".join(map(str, spec.chunk_sizes)), "budget_minutes": budget_minutes,
-            "models": ",".join(dict.fromkeys(c.model for c in spec.configs))[:500],
-        })
-        mlflow.log_metrics({
-            "configs_measured": len(report.measured), "configs_already_done": report.already_done,
-            "configs_over_budget": report.over_budget, "rows_written": len(measured), "rows_in_dataset": len(dataset),
-            "duration_s": report.seconds, "interrupted": float(report.interrupted),
-            "median_cv": float(dataset.ttft_cv.median()),
-            "noisy_configs": int(dataset.groupby("config_key").noisy.first().sum()),
-        })
-        mlflow.log_dict(spec.source, "spec.yaml")
+        mlflow.log_params(
+            {
+                "spec": spec.name,
+                "configs_in_spec": len(spec.configs),
+                "repeats": spec.repeats,
+                "warmup": spec.warmup,
+                "cv_threshold": spec.cv_threshold,
+                "max_remeasure": spec.max_remeasure,
+                "chunk_sizes": ",".join(map(str, spec.chunk_sizes)),
+                "budget_minutes": budget_minutes,
+                "models": ",".join(dict.fromkeys(c.model for c in spec.configs))[:500],
+            }
+        )
+        mlflow.log_metrics(
+            {
+                "configs_measured": len(report.measured),
+                "configs_already_done": report.already_done,
+                "configs_over_budget": report.over_budget,
+                "rows_written": len(measured),
+                "rows_in_dataset": len(dataset),
+                "duration_s": report.seconds,
+                "interrupted": float(report.interrupted),
+                "median_cv": float(dataset.ttft_cv.median()),
+                "noisy_configs": int(dataset.groupby("config_key").noisy.first().sum()),
+            }
+        )
+        mlflow.log_dict(spec.model_dump(mode="json"), "spec.yaml")
         lineage = dataset.drop(columns=LISTS)
-        mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(report.directory), name=spec.name), context="profiling")
+        mlflow.log_input(
+            mlflow.data.from_pandas(lineage, source=str(report.directory), name=spec.name), context="profiling"
+        )
         return run.info.run_id

@@ -17,20 +17,21 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chunkpilot.config import ConfigError
+from chunkpilot.contract import ConfigError
 
-HARNESS_VERSION = "2"  # 2: per-chunk times (`chunk_ms`); files of version 1 still read, without them
+HARNESS_VERSION = "3"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`; older files still read
 TMP_PREFIX = ".tmp-"
 
 _int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+# fmt: off
 SCHEMA = pa.schema(
     [
         # the config: everything but the chunk size
         ("config_key", _str), ("spec_name", _str), ("model", _str), ("family", _str),
         ("num_layers", _int), ("hidden_size", _int), ("num_heads", _int), ("num_kv_heads", _int),
         ("head_dim", _int), ("intermediate_size", _int), ("vocab_size", _int), ("global_every", _int),
-        ("parameters", _int), ("context_length", _int), ("window", _int), ("layout", _str), ("sinks", _int),
-        ("dtype", _str), ("threads", _int), ("attn_impl", _str),
+        ("parameters", _int), ("tie_embeddings", _bool), ("context_length", _int), ("window", _int),
+        ("layout", _str), ("sinks", _int), ("dtype", _str), ("threads", _int), ("attn_impl", _str),
         # the hardware it ran on
         ("hardware_id", _str), ("device_kind", _str), ("device_name", _str), ("cores", _int),
         ("l2_cache_bytes", _int), ("l3_cache_bytes", _int), ("memory_bytes", _int),
@@ -48,10 +49,15 @@ SCHEMA = pa.schema(
         ("harness_version", _str),
     ]
 )
+# fmt: on
 COLUMNS = SCHEMA.names
 LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset schemas hold scalars only
-OPTIONAL = {"chunk_ms": None}  # columns older files lack, and what a row of such a file reads as
+OPTIONAL = {
+    "chunk_ms": None,
+    "tie_embeddings": None,
+}  # columns older files lack, and what a row of such a file reads as
 # (column, lowest allowed, strictly above it?) for the numeric checks
+# fmt: off
 _LOWER_BOUNDS = {
     "num_layers": (1, False), "hidden_size": (1, False), "num_heads": (1, False), "num_kv_heads": (1, False),
     "head_dim": (1, False), "intermediate_size": (1, False), "vocab_size": (1, False), "global_every": (0, False),
@@ -63,6 +69,7 @@ _LOWER_BOUNDS = {
     "ttft_cv": (0, False), "repeats": (1, False), "kv_cache_bytes": (0, False), "peak_memory_bytes": (0, False),
     "remeasured": (0, False),
 }
+# fmt: on
 _CHOICES = {"layout": ("none", "shift", "ring"), "dtype": ("float32", "bfloat16"), "attn_impl": ("sdpa", "eager")}
 
 
@@ -86,13 +93,20 @@ def validate(df: pd.DataFrame, where: str) -> None:
                 raise DataError(column, f"{where} row {i}: must be one of {', '.join(allowed)}, got {values[column]!r}")
         n, chunk = values["context_length"], values["chunk_size"]
         if chunk > n or values["num_chunks"] != math.ceil(n / chunk):
-            raise DataError("chunk_size", f"{where} row {i}: chunk {chunk} and {values['num_chunks']} chunks do not fit context {n}")
+            raise DataError(
+                "chunk_size", f"{where} row {i}: chunk {chunk} and {values['num_chunks']} chunks do not fit context {n}"
+            )
         repeats = values["ttft_repeats_ms"]
         if repeats is None or len(repeats) != values["repeats"] or not all(x > 0 for x in repeats):
-            raise DataError("ttft_repeats_ms", f"{where} row {i}: needs {values['repeats']} positive times, got {repeats!r}")
+            raise DataError(
+                "ttft_repeats_ms", f"{where} row {i}: needs {values['repeats']} positive times, got {repeats!r}"
+            )
         chunk_ms = values.get("chunk_ms")
         if chunk_ms is not None and (len(chunk_ms) != values["num_chunks"] or not all(x > 0 for x in chunk_ms)):
-            raise DataError("chunk_ms", f"{where} row {i}: needs {values['num_chunks']} positive chunk times, got {list(chunk_ms)!r}")
+            raise DataError(
+                "chunk_ms",
+                f"{where} row {i}: needs {values['num_chunks']} positive chunk times, got {list(chunk_ms)!r}",
+            )
 
 
 def write_config(directory: Path, key: str, rows: pd.DataFrame) -> Path:
@@ -103,7 +117,9 @@ def write_config(directory: Path, key: str, rows: pd.DataFrame) -> Path:
     final = directory / f"{key}.parquet"
     tmp = directory / f"{TMP_PREFIX}{key}-{os.getpid()}.parquet"
     # column by column from Python values: pyarrow's from_pandas trips pandas' tz deprecation
-    table = pa.Table.from_pydict({c: pa.array(rows[c].tolist(), type=SCHEMA.field(c).type) for c in COLUMNS}, schema=SCHEMA)
+    table = pa.Table.from_pydict(
+        {c: pa.array(rows[c].tolist(), type=SCHEMA.field(c).type) for c in COLUMNS}, schema=SCHEMA
+    )
     with open(tmp, "wb") as f:
         pq.write_table(table, f, compression="zstd")
         f.flush()

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from chunkpilot.config import hand_rule, max_chunk
+from chunkpilot.contract import hand_rule, max_chunk
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -14,45 +14,47 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     fixed 1024 and of the hand rule, each cut to what the config allows as the engine does."""
     rows = []
     for key, group in df.groupby("config_key", sort=False):
-        ttft = dict(zip(group["chunk_size"], group["ttft_ms"]))
+        ttft = dict(zip(group["chunk_size"], group["ttft_ms"], strict=True))
         first = group.iloc[0]
         n, window = int(first["context_length"]), int(first["window"])  # 0: no window
         limit = max_chunk(n, window or None, first["layout"])
         best_chunk = min(ttft, key=ttft.get)
         best = ttft[best_chunk]
         fixed, rule = min(1024, limit), min(hand_rule(n), limit)
-        rows.append({
-            "config_key": key,
-            "model": first["model"],
-            "context_length": n,
-            "window": window,
-            "layout": first["layout"],
-            "sinks": int(first["sinks"]),
-            "dtype": first["dtype"],
-            "threads": int(first["threads"]),
-            "attn_impl": first["attn_impl"],
-            "candidates": len(ttft),
-            "best_chunk": int(best_chunk),
-            "best_ttft_ms": best,
-            "worst_over_best": max(ttft.values()) / best,
-            "chunk_1024": fixed,
-            "regret_1024": ttft[fixed] / best - 1 if fixed in ttft else math.nan,
-            "rule_chunk": rule,
-            "regret_rule": ttft[rule] / best - 1 if rule in ttft else math.nan,
-            "noisy": bool(group["noisy"].any()),
-        })
+        rows.append(
+            {
+                "config_key": key,
+                "model": first["model"],
+                "context_length": n,
+                "window": window,
+                "layout": first["layout"],
+                "sinks": int(first["sinks"]),
+                "dtype": first["dtype"],
+                "threads": int(first["threads"]),
+                "attn_impl": first["attn_impl"],
+                "candidates": len(ttft),
+                "best_chunk": int(best_chunk),
+                "best_ttft_ms": best,
+                "worst_over_best": max(ttft.values()) / best,
+                "chunk_1024": fixed,
+                "regret_1024": ttft[fixed] / best - 1 if fixed in ttft else math.nan,
+                "rule_chunk": rule,
+                "regret_rule": ttft[rule] / best - 1 if rule in ttft else math.nan,
+                "noisy": bool(group["noisy"].any()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def format_summary(summary: pd.DataFrame, limit: int = 40) -> str:
-    lines = [
-        f"{'config':<44}{'best':>6}{'TTFT ms':>10}{'worst/best':>11}{'1024 regret':>12}{'rule regret':>12}",
-    ]
+    lines = [f"{'config':<44}{'best':>6}{'TTFT ms':>10}{'worst/best':>11}{'1024 regret':>12}{'rule regret':>12}"]
     for r in summary.head(limit).itertuples():
         window = f"{r.window}{r.layout[0]}" if r.window else "none"
         label = f"{r.model[:16]} n={r.context_length} w={window} s={r.sinks} {r.dtype[:4]} t{r.threads} {r.attn_impl}"
-        lines.append(f"{label:<44}{r.best_chunk:>6}{r.best_ttft_ms:>10.1f}{r.worst_over_best:>11.2f}"
-                     f"{r.regret_1024:>12.1%}{r.regret_rule:>12.1%}" + ("  noisy" if r.noisy else ""))
+        lines.append(
+            f"{label:<44}{r.best_chunk:>6}{r.best_ttft_ms:>10.1f}{r.worst_over_best:>11.2f}"
+            f"{r.regret_1024:>12.1%}{r.regret_rule:>12.1%}" + ("  noisy" if r.noisy else "")
+        )
     if len(summary) > limit:
         lines.append(f"... {len(summary) - limit} more configs")
     lines.append(

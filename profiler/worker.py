@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from chunkpilot.config import ConfigError
+from chunkpilot.contract import ConfigError
 
 from .spec import ProfileConfig, Spec
 

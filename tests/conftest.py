@@ -1,12 +1,10 @@
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the engine's per-user cache (measured hardware descriptors): the tests' own, never the user's
 os.environ.setdefault("CHUNKPILOT_CACHE_DIR", tempfile.mkdtemp(prefix="chunkpilot-cache-"))
@@ -32,12 +30,18 @@ SMALL_SPEC = {
     "name": "small",
     "repeats": 1,
     "chunk_sizes": [16, 32, 64, 128, "full"],
-    "sweeps": [{
-        "models": ["llama-tiny", "SHAPE"],
-        "contexts": [64, 160, 400],
-        "attention": [{"window": None}, {"window": 64, "layout": "shift"}, {"window": 128, "layout": "ring", "sinks": 4}],
-        "threads": [1, 2],
-    }],
+    "sweeps": [
+        {
+            "models": ["llama-tiny", "SHAPE"],
+            "contexts": [64, 160, 400],
+            "attention": [
+                {"window": None},
+                {"window": 64, "layout": "shift"},
+                {"window": 128, "layout": "ring", "sinks": 4},
+            ],
+            "threads": [1, 2],
+        }
+    ],
 }
 
 
@@ -52,8 +56,10 @@ def small_dataset(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("small-data")
     shape = root / "tiny-qwen.yaml"
-    shape.write_text("family: qwen2\nnum_layers: 2\nhidden_size: 128\nnum_heads: 4\nnum_kv_heads: 1\n"
-                     "intermediate_size: 256\nvocab_size: 1024\n")
+    shape.write_text(
+        "family: qwen2\nnum_layers: 2\nhidden_size: 128\nnum_heads: 4\nnum_kv_heads: 1\n"
+        "intermediate_size: 256\nvocab_size: 1024\n"
+    )
     spec = dict(SMALL_SPEC, sweeps=[dict(SMALL_SPEC["sweeps"][0], models=["llama-tiny", str(shape)])])
     (root / "small.yaml").write_text(yaml.safe_dump(spec))
     run_profile(Spec.from_file(root / "small.yaml"), root / "ttft")

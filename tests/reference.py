@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-from chunkpilot.config import ModelShape
+from chunkpilot.contract import ModelShape
 
 
 def reference_mask(n: int, window: int | None, sinks: int, dtype: torch.dtype) -> torch.Tensor:

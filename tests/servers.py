@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from chunkpilot.demo import answers, free_port, start_service
+from chunkpilot.cli.processes import answers, free_port, start_service
 
 
 @contextmanager
@@ -68,8 +68,20 @@ def mlflow_server(backend_uri: str, artifacts: str | None = None, port: int | No
     import sys
 
     port = port or free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-               "--backend-store-uri", backend_uri, "--workers", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        backend_uri,
+        "--workers",
+        "1",
+    ]
     if artifacts is not None:
         command += ["--artifacts-destination", artifacts]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

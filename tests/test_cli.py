@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from chunkpilot.cli import main
-from chunkpilot.config import PRESETS
+from chunkpilot.contract import PRESETS
 from engine.models import load_model
 from engine.tokenizer import trained_tokenizer
 
@@ -25,7 +25,7 @@ def prefill_json(capsys, *args: str) -> dict:
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_json_for_every_preset(capsys, preset):
     report = prefill_json(capsys, "--model", preset, *SMALL)
-    assert report["config"]["shape"] == PRESETS[preset].to_dict()
+    assert report["config"]["shape"] == PRESETS[preset].model_dump()
     assert report["config"]["parameters"] == PRESETS[preset].parameters  # the light count matches the real model
     assert (report["context_length"], report["chunk_size"], report["num_chunks"]) == (64, 16, 4)
     run = report["repeats"][0]
@@ -46,7 +46,12 @@ def checkpoint(tmp_path_factory):
 
 
 def test_checkpoint_folder_gives_the_same_model(capsys, checkpoint):
-    assert sorted(p.name for p in checkpoint.iterdir()) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in checkpoint.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
     from_ckpt = prefill_json(capsys, "--model", str(checkpoint), *SMALL)
     from_preset = prefill_json(capsys, "--model", "llama-tiny", *SMALL)
     assert from_ckpt["config"]["shape"] == from_preset["config"]["shape"]
@@ -73,7 +78,9 @@ def test_prompt_text_and_file(capsys, tmp_path):
     from_text = prefill_json(capsys, "--model", "llama-tiny", "--prompt", prompt.read_text(), "--repeats", "1")
     assert from_file["context_length"] == from_text["context_length"] > 100
     assert from_file["first_token"] == from_text["first_token"]
-    capped = prefill_json(capsys, "--model", "llama-tiny", "--prompt-file", str(prompt), "--context-length", "50", "--repeats", "1")
+    capped = prefill_json(
+        capsys, "--model", "llama-tiny", "--prompt-file", str(prompt), "--context-length", "50", "--repeats", "1"
+    )
     assert capped["context_length"] == 50
 
 
@@ -113,13 +120,26 @@ def exit_code(argv: list[str]) -> int:
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_is_one_line_and_exit_2(capsys, case):
     args, field = BAD[case]
-    argv = ["prefill", "--model", "llama-tiny", "--context-length", "100", "--chunk-size", "16", "--repeats", "1", *args]
+    argv = [
+        "prefill",
+        "--model",
+        "llama-tiny",
+        "--context-length",
+        "100",
+        "--chunk-size",
+        "16",
+        "--repeats",
+        "1",
+        *args,
+    ]
     assert exit_code(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and field in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("config_text", [None, "{not json", '{"model_type": "llama", "vocab_size": 64}', '{"model_type": "bert"}'])
+@pytest.mark.parametrize(
+    "config_text", [None, "{not json", '{"model_type": "llama", "vocab_size": 64}', '{"model_type": "bert"}']
+)
 def test_broken_checkpoint_folder(capsys, tmp_path, config_text):
     assert exit_code(["prefill", "--model", broken_folder(tmp_path, config_text), "--context-length", "8"]) == 2
     err = capsys.readouterr().err
@@ -130,12 +150,14 @@ def test_console_script_in_a_fresh_process():
     """The installed entry point: one JSON line on stdout; a bad value is one line on stderr."""
     ok = subprocess.run(
         [sys.executable, "-m", "chunkpilot.cli", "prefill", "--model", "llama-tiny", *SMALL, "--json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert json.loads(ok.stdout)["num_chunks"] == 4
     bad = subprocess.run(
         [sys.executable, "-m", "chunkpilot.cli", "prefill", "--chunk-size", "-3", "--context-length", "10"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunk_size" in bad.stderr
-

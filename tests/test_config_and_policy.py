@@ -7,13 +7,23 @@ import sys
 
 import pytest
 
-from chunkpilot.config import PRESETS, AttentionConfig, ConfigError, ModelShape, RequestFeatures, hand_rule
+from chunkpilot.contract import PRESETS, AttentionConfig, ConfigError, ModelShape, RequestFeatures, hand_rule
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy, parse_policy
 
 
 @pytest.mark.parametrize(
     ("tokens", "chunk"),
-    [(1, 512), (512, 512), (513, 1024), (1536, 1024), (1537, 768), (2048, 1024), (3000, 768), (4096, 1024), (5000, 768)],
+    [
+        (1, 512),
+        (512, 512),
+        (513, 1024),
+        (1536, 1024),
+        (1537, 768),
+        (2048, 1024),
+        (3000, 768),
+        (4096, 1024),
+        (5000, 768),
+    ],
 )
 def test_hand_rule_of_the_write_up(tokens, chunk):
     assert hand_rule(tokens) == chunk
@@ -50,8 +60,8 @@ def test_parse_policy_rejects(value):
     [
         (dict(window=0), "window"),
         (dict(sinks=2), "sinks"),
-        (dict(layout="ring"), "kv_layout"),
-        (dict(window=8, layout="circle"), "kv_layout"),
+        (dict(layout="ring"), "layout"),
+        (dict(window=8, layout="circle"), "layout"),
         (dict(window=8, sinks=-1), "sinks"),
     ],
 )
@@ -74,7 +84,7 @@ def test_attention_config_names_the_field(kwargs, field):
 )
 def test_model_shape_names_the_field(change, field):
     with pytest.raises(ConfigError) as err:
-        ModelShape(**{**PRESETS["gemma3-interleaved"].to_dict(), **change})
+        ModelShape(**{**PRESETS["gemma3-interleaved"].model_dump(), **change})
     assert err.value.field == field
 
 
@@ -84,7 +94,7 @@ def test_shape_file_fields(tmp_path):
     with pytest.raises(ConfigError, match="hidden_size: is required"):
         ModelShape.from_file(path)
     path.write_text('{"family": "llama", "layers": 2}')
-    with pytest.raises(ConfigError, match="layers: unknown shape field"):
+    with pytest.raises(ConfigError, match="layers: unknown field"):
         ModelShape.from_file(path)
     path.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="model: shape file .* must hold a mapping"):
@@ -97,6 +107,6 @@ def test_interleaved_local_layers():
 
 
 def test_shared_types_import_neither_torch_nor_transformers():
-    code = "import sys, chunkpilot.config, engine.policy; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, chunkpilot.contract, engine.policy; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

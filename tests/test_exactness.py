@@ -7,11 +7,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import reference_logits
 
-from chunkpilot.config import PRESETS, AttentionConfig, ConfigError
+from chunkpilot.contract import PRESETS, AttentionConfig, ConfigError
 from engine.kv_cache import ChunkCache
 from engine.prefill import decode_one_token, prefill
-from reference import reference_logits
 
 N, W, S = 64, 16, 4  # context, window, sinks: the ring (2W slots) wraps twice
 ATTENTION = {
@@ -37,7 +37,9 @@ def chunked(engine, ids, attention, chunk, kernel):
 def check(engine, attention, chunk, kernel, n=N, atol=1e-4):
     ids = torch.randint(0, engine.shape.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
     got, got_next, first = chunked(engine, ids, attention, chunk, kernel)
-    ref = reference_logits(engine.model, engine.shape, torch.cat([ids, first[None]], 1), attention.window, attention.sinks, kernel)
+    ref = reference_logits(
+        engine.model, engine.shape, torch.cat([ids, first[None]], 1), attention.window, attention.sinks, kernel
+    )
     for mine, theirs in ((got, ref[n - 1]), (got_next, ref[n])):
         torch.testing.assert_close(mine, theirs, atol=atol, rtol=0)
         assert_same_choice(mine, theirs, atol)

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predictor.features import FEATURES, INPUT_COLUMNS, MONOTONE, _keys_sum, build
+from predictor.features import FEATURES, INPUT_COLUMNS, MONOTONE, build, keys_sum
 
 
 def keys_sum_loop(n: int, c: int, window: float) -> float:
@@ -24,16 +24,35 @@ def keys_sum_loop(n: int, c: int, window: float) -> float:
 @given(n=st.integers(1, 20000), c=st.integers(1, 5000), window=st.one_of(st.just(math.inf), st.integers(1, 8192)))
 def test_attention_sum_closed_form_equals_the_loop(n, c, window):
     c = min(c, n)
-    got = _keys_sum(np.array([n], float), np.array([c], float), np.array([window], float))[0]
+    got = keys_sum(np.array([n], float), np.array([c], float), np.array([window], float))[0]
     assert got == keys_sum_loop(n, c, window)
 
 
 def row(**change) -> dict:
     base = dict(
-        context_length=4096, chunk_size=768, window=1024, layout="shift", sinks=4, global_every=0, num_layers=12,
-        hidden_size=512, num_heads=8, num_kv_heads=4, head_dim=64, intermediate_size=1536, vocab_size=6144,
-        parameters=44_000_000, dtype="float32", threads=2, attn_impl="sdpa", matmul_gflops=258.0,
-        bandwidth_gbs=60.0, call_overhead_ms=0.9, cores=2, l2_cache_bytes=2**21, l3_cache_bytes=300 * 2**20,
+        context_length=4096,
+        chunk_size=768,
+        window=1024,
+        layout="shift",
+        sinks=4,
+        global_every=0,
+        num_layers=12,
+        hidden_size=512,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=6144,
+        parameters=44_000_000,
+        dtype="float32",
+        threads=2,
+        attn_impl="sdpa",
+        matmul_gflops=258.0,
+        bandwidth_gbs=60.0,
+        call_overhead_ms=0.9,
+        cores=2,
+        l2_cache_bytes=2**21,
+        l3_cache_bytes=300 * 2**20,
     )
     return {k: [v] for k, v in {**base, **change}.items()}
 
@@ -41,7 +60,7 @@ def row(**change) -> dict:
 def test_one_row_per_input_row_in_feature_order():
     x = build({k: v * 3 for k, v in row().items()})
     assert x.shape == (3, len(FEATURES)) and len(MONOTONE) == len(FEATURES)
-    named = dict(zip(FEATURES, x[0]))
+    named = dict(zip(FEATURES, x[0], strict=True))
     assert named["num_chunks"] == 6 and named["last_chunk"] == 4096 - 5 * 768 and named["has_window"] == 1
 
 
@@ -55,13 +74,30 @@ def test_window_only_on_local_layers_of_interleaved_models():
 
 @settings(max_examples=200, deadline=None)
 @given(
-    n=st.integers(1, 32768), c=st.integers(1, 8192), window=st.integers(0, 8192), sinks=st.integers(0, 64),
-    layout=st.sampled_from(["shift", "ring"]), every=st.integers(0, 12), dtype=st.sampled_from(["float32", "bfloat16"]),
-    attn=st.sampled_from(["sdpa", "eager"]), threads=st.integers(1, 64),
+    n=st.integers(1, 32768),
+    c=st.integers(1, 8192),
+    window=st.integers(0, 8192),
+    sinks=st.integers(0, 64),
+    layout=st.sampled_from(["shift", "ring"]),
+    every=st.integers(0, 12),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    attn=st.sampled_from(["sdpa", "eager"]),
+    threads=st.integers(1, 64),
 )
 def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every, dtype, attn, threads):
-    x = build(row(context_length=n, chunk_size=c, window=window, layout=layout if window else "none",
-                  sinks=sinks if window else 0, global_every=every, dtype=dtype, attn_impl=attn, threads=threads))
+    x = build(
+        row(
+            context_length=n,
+            chunk_size=c,
+            window=window,
+            layout=layout if window else "none",
+            sinks=sinks if window else 0,
+            global_every=every,
+            dtype=dtype,
+            attn_impl=attn,
+            threads=threads,
+        )
+    )
     assert np.isfinite(x).all() and set(INPUT_COLUMNS) <= set(row())
 
 
@@ -76,8 +112,12 @@ def test_history_sum_closed_form_equals_the_loop(n, c, window):
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(1, 32768), window=st.integers(0, 8192), every=st.integers(0, 12),
-       sizes=st.lists(st.integers(1, 8192), min_size=1, max_size=12))
+@given(
+    n=st.integers(1, 32768),
+    window=st.integers(0, 8192),
+    every=st.integers(0, 12),
+    sizes=st.lists(st.integers(1, 8192), min_size=1, max_size=12),
+)
 def test_a_config_given_once_builds_the_same_rows_as_a_repeated_column(n, window, every, sizes):
     """The service passes one config as scalars beside its candidate sizes; training passes columns."""
     config = row(context_length=n, window=window, layout="shift" if window else "none", global_every=every)

@@ -14,19 +14,27 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
+from servers import free_port, serve
 
-from chunkpilot.config import PRESETS, AttentionConfig, RequestFeatures
+from chunkpilot.contract import PRESETS, AttentionConfig, RequestFeatures
 from engine.predictor_client import AutoPolicy, Breaker, InProcessPolicy
 from predictor.app import create_app
 from predictor.settings import Settings
-from servers import free_port, serve
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 
+TESTS = Path(__file__).parent  # a child run from here imports the test helpers (servers.py)
+
 
 def body(**change) -> dict:
-    return {"context_length": 3000, "model": "llama-tiny", "attention": {"window": 512, "layout": "ring"},
-            "threads": 2, "hardware": HARDWARE, **change}
+    return {
+        "context_length": 3000,
+        "model": "llama-tiny",
+        "attention": {"window": 512, "layout": "ring"},
+        "threads": 2,
+        "hardware": HARDWARE,
+        **change,
+    }
 
 
 def settings(uri: str, **change) -> Settings:
@@ -48,7 +56,7 @@ def test_round_trip_model_then_cache(server):
     again = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
     assert again["source"] == "cache" and again["chunk_size"] == first["chunk_size"]
     batch = httpx.post(f"{server}/v1/chunk-size/batch", json={"requests": [body(), body(context_length=100)]}).json()
-    assert [r["chunk_size"] <= n for r, n in zip(batch["responses"], (512, 100))] == [True, True]
+    assert [r["chunk_size"] <= n for r, n in zip(batch["responses"], (512, 100), strict=True)] == [True, True]
     model = httpx.get(f"{server}/v1/model").json()
     assert model["version"] == "1" and model["alias"] == "champion" and model["trained_on_rows"] > 0
     assert "mean_regret" in model["held_out"]
@@ -63,7 +71,7 @@ def test_profiled_hardware_id_and_shape_fields(server, small_dataset):
     import pandas as pd
 
     hardware_id = pd.read_parquet(next(small_dataset.rglob("*.parquet"))).hardware_id.iloc[0]
-    shape = {**PRESETS["llama-tiny"].to_dict(), "num_layers": 6}
+    shape = {**PRESETS["llama-tiny"].model_dump(), "num_layers": 6}
     answer = httpx.post(f"{server}/v1/chunk-size", json=body(model=shape, hardware={"hardware_id": hardware_id}))
     assert answer.status_code == 200, answer.text
 
@@ -76,12 +84,15 @@ def test_profiled_hardware_id_and_shape_fields(server, small_dataset):
         ({"threads": 0}, "threads"),
         ({"dtype": "float8"}, "dtype"),
         ({"attention": {"window": 0}}, "window"),
-        ({"attention": {"layout": "ring"}}, "need a window"),
+        ({"attention": {"layout": "ring"}}, "needs a window"),
         ({"model": "gpt-5"}, "preset"),
         ({"hardware": {}}, "hardware_id"),
         ({"hardware": {"hardware_id": "nope"}}, "was not profiled"),
         ({"candidates": [1024, 2048]}, "larger than the ring window (512) and the context"),
-        ({"context_length": 100, "attention": {"window": None}, "candidates": [128, 256]}, "larger than the context (100)"),
+        (
+            {"context_length": 100, "attention": {"window": None}, "candidates": [128, 256]},
+            "larger than the context (100)",
+        ),
         ({"candidates": list(range(1, 100))}, "candidates"),
         ({"surprise": 1}, "surprise"),
     ],
@@ -92,8 +103,9 @@ def test_bad_bodies_get_422_naming_the_field(server, change, expected):
 
 
 def test_oversized_body_is_refused(server):
-    response = httpx.post(f"{server}/v1/chunk-size", content=b"{" + b" " * 300_000 + b"}",
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{server}/v1/chunk-size", content=b"{" + b" " * 300_000 + b"}", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
 
 
@@ -176,8 +188,8 @@ def test_the_served_decision_follows_the_trained_recipe(trained_store):
     """The champion's own predictions; only the decision's recipe (ranker, margin) changes."""
     import dataclasses
 
+    from chunkpilot.contract import ChunkRequest
     from predictor.model import load_predictor
-    from predictor.schemas import ChunkRequest
 
     served = load_predictor(trained_store, "chunk-size-predictor", "champion")
     assert served.ranker is not None and served.rule_margin == 0.0  # the default recipe
@@ -228,7 +240,9 @@ def test_admin_reload_swaps_versions_and_refuses_a_broken_one(tmp_path, small_da
         client = MlflowClient(tracking_uri=uri)
         client.set_registered_model_alias("chunk-size-predictor", "champion", "2")
         swapped = httpx.post(f"{url}/admin/reload", headers=auth).json()
-        assert swapped["version"] == "2" and httpx.post(f"{url}/v1/chunk-size", json=body()).json()["model_version"] == "2"
+        assert (
+            swapped["version"] == "2" and httpx.post(f"{url}/v1/chunk-size", json=body()).json()["model_version"] == "2"
+        )
         # v3 with a corrupted model file: refused, v2 keeps serving, /readyz says why
         train(small_dataset, params={"learning_rate": 0.3})
         stored = client.get_model_version_download_uri("chunk-size-predictor", "3").removeprefix("file://")
@@ -238,13 +252,12 @@ def test_admin_reload_swaps_versions_and_refuses_a_broken_one(tmp_path, small_da
         assert refused["version"] == "2" and "failed" in refused["last_reload_error"]
         ready = httpx.get(f"{url}/readyz").json()
         assert ready["ready"] and ready["version"] == "2" and "failed" in ready["last_reload_error"]
-    assert "/admin/reload" not in {r.path for r in create_app(settings(uri)).routes}  # no token: no route
+    assert "/admin/reload" not in create_app(settings(uri)).openapi()["paths"]  # no token: no route
 
 
 def test_service_process_never_imports_torch_or_transformers(trained_store):
     code = textwrap.dedent(f"""
         import json, sys
-        sys.path.insert(0, "tests")
         import httpx
         from servers import serve
         from predictor.app import create_app
@@ -253,7 +266,7 @@ def test_service_process_never_imports_torch_or_transformers(trained_store):
             status = httpx.post(url + "/v1/chunk-size", json={json.dumps(body())}).status_code
         print(json.dumps({{"status": status, "heavy": sorted({{"torch", "transformers"}} & set(sys.modules))}}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=TESTS, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"status": 200, "heavy": []}
 
 
@@ -268,8 +281,11 @@ def test_schemathesis_finds_no_server_errors(server):
     for operation in schema.get_all_operations():
         op = operation.ok()
 
-        @hypothesis_settings(max_examples=500 if op.method.upper() == "POST" else 30, deadline=None,
-                             suppress_health_check=list(HealthCheck))
+        @hypothesis_settings(
+            max_examples=500 if op.method.upper() == "POST" else 30,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=op.as_strategy())
         def check(case):
             response = case.call()
@@ -282,10 +298,12 @@ def test_schemathesis_finds_no_server_errors(server):
 
 
 def test_demo_comparison_table(server):
-    from chunkpilot.demo import compare_with_service
+    from chunkpilot.cli.demo import compare_with_service
     from engine.evaluate import PromptCase
 
-    table = compare_with_service("llama-tiny", server, max_rounds=2, cases=[PromptCase(200), PromptCase(300, 64, "ring", 4)])
+    table = compare_with_service(
+        "llama-tiny", server, max_rounds=2, cases=[PromptCase(200), PromptCase(300, 64, "ring", 4)]
+    )
     lines = table.splitlines()
     assert lines[0].split()[:4] == ["prompt", "auto", "fixed", "1024"]
     assert lines[1].startswith("200 tok, no window") and lines[2].startswith("300 tok, w64 ring s4")

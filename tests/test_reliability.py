@@ -20,26 +20,31 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from servers import answers, free_port, mlflow_server, serve, serve_process, wait_until
 
-from chunkpilot.config import DEFAULT_CHUNKS, PRESETS, AttentionConfig, feasible_chunks
+from chunkpilot.contract import DEFAULT_CHUNKS, PRESETS, AttentionConfig, ChunkRequest, feasible_chunks
+from chunkpilot.registry import MODEL_NAME
 from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy, Breaker
 from predictor.app import create_app
 from predictor.model import Infeasible, load_predictor
-from predictor.schemas import ChunkRequest
 from predictor.settings import Settings
-from servers import answers, free_port, mlflow_server, serve, serve_process, wait_until
-from training.registry import MODEL_NAME
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
+
+TESTS = Path(__file__).parent  # a child run from here imports the test helpers (servers.py)
 
 
 def body(i: int) -> dict:
     """Request i of a fixed set: models, windows, layouts and lengths vary with i."""
     window = [None, 256, 512, 1024][i % 4]
-    return {"context_length": 200 + 97 * i, "model": ["llama-tiny", "qwen2-gqa", "mistral-44m"][i % 3],
-            "attention": {"window": window, "layout": "ring" if i % 8 == 1 else "shift"}, "threads": 1 + i % 2,
-            "hardware": HARDWARE}
+    return {
+        "context_length": 200 + 97 * i,
+        "model": ["llama-tiny", "qwen2-gqa", "mistral-44m"][i % 3],
+        "attention": {"window": window, "layout": "ring" if i % 8 == 1 else "shift"},
+        "threads": 1 + i % 2,
+        "hardware": HARDWARE,
+    }
 
 
 def is_ready(url: str) -> bool:
@@ -78,8 +83,14 @@ def hammer(url: str, clients: int, bodies: list[dict], stop: threading.Event) ->
                         else:
                             answer = response.json()
                             load.latencies_ms.append(ms)
-                            load.answers.append((i % len(bodies), answer["model_version"], answer["chunk_size"],
-                                                 answer["predicted_ttft_ms"]))
+                            load.answers.append(
+                                (
+                                    i % len(bodies),
+                                    answer["model_version"],
+                                    answer["chunk_size"],
+                                    answer["predicted_ttft_ms"],
+                                )
+                            )
                 except (httpx.HTTPError, ValueError, KeyError) as exc:  # refused, timed out, not the JSON we expect
                     with lock:
                         load.errors.append(f"{type(exc).__name__}: {exc}")
@@ -106,7 +117,9 @@ def listening_hosts(port: int) -> set[str]:
             local, state = line.split()[1], line.split()[3]
             address, hex_port = local.split(":")
             if state == "0A" and int(hex_port, 16) == port:
-                hosts.add(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(address) == 8 else address)
+                hosts.add(
+                    ".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)) if len(address) == 8 else address
+                )
     return hosts
 
 
@@ -128,8 +141,10 @@ def test_32_clients_get_no_errors_and_the_service_memory_stays_flat(trained_stor
     quarter = len(samples) // 4
     first, last = statistics.fmean(samples[:quarter]), statistics.fmean(samples[-quarter:])
     q = statistics.quantiles(load.latencies_ms, n=100)
-    print(f"\n32 clients, 8 s: {len(load.latencies_ms)} requests, {len(load.errors)} errors, "
-          f"p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms; service RSS {first / 2**20:.1f} -> {last / 2**20:.1f} MiB")
+    print(
+        f"\n32 clients, 8 s: {len(load.latencies_ms)} requests, {len(load.errors)} errors, "
+        f"p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms; service RSS {first / 2**20:.1f} -> {last / 2**20:.1f} MiB"
+    )
     assert load.errors == [] and len(load.latencies_ms) > 100
     assert last < 1.05 * first
 
@@ -247,28 +262,48 @@ def predictor(trained_store):
 
 windows = st.one_of(st.none(), st.integers(1, 1 << 20))
 shapes = st.builds(
-    dict, family=st.sampled_from(["llama", "mistral", "qwen2", "gemma3"]), num_layers=st.integers(1, 96),
-    num_heads=st.sampled_from([1, 2, 4, 8, 16, 32, 64]), kv_divisor=st.sampled_from([1, 2, 4, 8]),
-    head_dim=st.sampled_from([16, 32, 64, 128, 256]), intermediate_size=st.integers(1, 1 << 16),
+    dict,
+    family=st.sampled_from(["llama", "mistral", "qwen2", "gemma3"]),
+    num_layers=st.integers(1, 96),
+    num_heads=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+    kv_divisor=st.sampled_from([1, 2, 4, 8]),
+    head_dim=st.sampled_from([16, 32, 64, 128, 256]),
+    intermediate_size=st.integers(1, 1 << 16),
     vocab_size=st.integers(2, 1 << 18),
 )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(n=st.integers(1, 1 << 20), window=windows, ring=st.booleans(), sinks=st.integers(0, 64),
-       model=st.one_of(st.sampled_from(sorted(PRESETS)), shapes), dtype=st.sampled_from(["float32", "bfloat16"]),
-       threads=st.integers(1, 64), attn=st.sampled_from(["sdpa", "eager"]),
-       candidates=st.one_of(st.none(), st.lists(st.integers(1, 1 << 20), min_size=1, max_size=64)))
-def test_any_valid_request_gets_a_feasible_chunk_and_finite_predictions(predictor, n, window, ring, sinks, model,
-                                                                       dtype, threads, attn, candidates):
+@given(
+    n=st.integers(1, 1 << 20),
+    window=windows,
+    ring=st.booleans(),
+    sinks=st.integers(0, 64),
+    model=st.one_of(st.sampled_from(sorted(PRESETS)), shapes),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    threads=st.integers(1, 64),
+    attn=st.sampled_from(["sdpa", "eager"]),
+    candidates=st.one_of(st.none(), st.lists(st.integers(1, 1 << 20), min_size=1, max_size=64)),
+)
+def test_any_valid_request_gets_a_feasible_chunk_and_finite_predictions(
+    predictor, n, window, ring, sinks, model, dtype, threads, attn, candidates
+):
     if isinstance(model, dict):  # heads divisible by KV heads, as every real model
         shape = dict(model)
         shape["num_kv_heads"] = max(1, shape["num_heads"] // shape.pop("kv_divisor"))
         shape["hidden_size"] = shape["num_heads"] * shape["head_dim"]
         model = shape
     attention = {"window": window, "layout": "ring" if ring and window else "shift", "sinks": sinks if window else 0}
-    request = ChunkRequest(context_length=n, model=model, attention=attention, dtype=dtype, threads=threads,
-                           attn_impl=attn, hardware=HARDWARE, candidates=candidates)
+    request = ChunkRequest(
+        context_length=n,
+        model=model,
+        attention=attention,
+        dtype=dtype,
+        threads=threads,
+        attn_impl=attn,
+        hardware=HARDWARE,
+        candidates=candidates,
+    )
     allowed, _ = feasible_chunks(tuple(candidates or DEFAULT_CHUNKS), n, window, attention["layout"])
     try:
         decision = predictor.decide(request)
@@ -300,7 +335,6 @@ def test_no_pickle_is_ever_loaded_by_the_service(trained_store):
             if event == "pickle.find_class":
                 raise RuntimeError(f"unpickling reached: {{args}}")
         sys.addaudithook(guard)
-        sys.path.insert(0, "tests")
         import httpx
         from servers import serve
         from predictor.app import create_app
@@ -316,6 +350,10 @@ def test_no_pickle_is_ever_loaded_by_the_service(trained_store):
             guarded = True
         print(json.dumps({{"status": status, "reload": reload, "guarded": guarded}}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=TESTS, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"status": 200, "reload": "serving version 1", "guarded": True}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "status": 200,
+        "reload": "serving version 1",
+        "guarded": True,
+    }

@@ -11,9 +11,9 @@ import pytest
 import servers
 
 from chunkpilot.cli import main
+from chunkpilot.registry import MODEL_NAME, judge
 from training.data import load_table
 from training.policies import DEFAULT_PARAMS, TTFTRegressor, baselines, variants
-from training.registry import MODEL_NAME, judge
 
 
 @pytest.fixture
@@ -69,8 +69,11 @@ def test_every_policy_chooses_a_measured_feasible_chunk(small_dataset):
 
 
 def aliases(client) -> dict[str, str]:
-    return {a: str(client.get_model_version_by_alias(MODEL_NAME, a).version) for a in ("champion", "challenger")
-            if _has_alias(client, a)}
+    return {
+        a: str(client.get_model_version_by_alias(MODEL_NAME, a).version)
+        for a in ("champion", "challenger")
+        if _has_alias(client, a)
+    }
 
 
 def _has_alias(client, alias: str) -> bool:
@@ -122,8 +125,20 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     assert aliases(client) == {"champion": "1", "challenger": "2"}
     runs = client.search_runs([client.get_experiment_by_name("chunk-size").experiment_id])
     names = {r.info.run_name for r in runs}
-    assert names >= {"lgbm-regressor", "fixed-1024", "best-fixed", "hand-rule", "analytic-fit", "nearest-config",
-                     "lgbm-classifier", "lgbm-ranker", "lgbm-argmin", "lgbm-rule-margin", "lgbm-do-no-harm", "lgbm-per-chunk"}
+    assert names >= {
+        "lgbm-regressor",
+        "fixed-1024",
+        "best-fixed",
+        "hand-rule",
+        "analytic-fit",
+        "nearest-config",
+        "lgbm-classifier",
+        "lgbm-ranker",
+        "lgbm-argmin",
+        "lgbm-rule-margin",
+        "lgbm-do-no-harm",
+        "lgbm-per-chunk",
+    }
     do_no_harm = next(r for r in runs if r.info.run_name == "lgbm-do-no-harm")
     assert do_no_harm.data.tags["role"] == "variant" and 0 <= do_no_harm.data.metrics["deferred"] <= 1
     model_runs = [r for r in runs if r.data.tags.get("role") == "model"]
@@ -131,7 +146,13 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     assert {"mean_regret", "mean_regret.context"} <= set(model_runs[0].data.metrics)
     assert {"mean_regret", "mean_regret.context"} <= set(baseline_runs[0].data.metrics)  # one view compares them
     artifacts = {a.path for a in client.list_artifacts(model_runs[-1].info.run_id)}
-    assert {"regret_cdf.png", "predicted_vs_measured.png", "best_chunk_heatmap.png", "feature_importance.json", "ranker.lgb"} <= artifacts
+    assert {
+        "regret_cdf.png",
+        "predicted_vs_measured.png",
+        "best_chunk_heatmap.png",
+        "feature_importance.json",
+        "ranker.lgb",
+    } <= artifacts
     assert model_runs[-1].inputs.dataset_inputs[0].dataset.name == "ttft"
 
 

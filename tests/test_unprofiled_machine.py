@@ -12,13 +12,13 @@ import time
 
 import httpx
 import pytest
+from conftest import train_into_store
+from servers import free_port, serve, wait_until
 
-from chunkpilot.config import PRESETS, AttentionConfig, RequestFeatures
+from chunkpilot.contract import PRESETS, AttentionConfig, RequestFeatures
 from engine.predictor_client import AutoPolicy
 from predictor.app import create_app
 from predictor.settings import Settings
-from conftest import train_into_store
-from servers import free_port, serve, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +41,35 @@ def prefill_auto(tmp_path, uri: str, *extra: str) -> tuple[dict, str]:
     work.mkdir(exist_ok=True)
     env = {**os.environ, "CHUNKPILOT_CACHE_DIR": str(tmp_path / "cache"), "MLFLOW_TRACKING_URI": uri}
     done = subprocess.run(
-        [sys.executable, "-m", "chunkpilot.cli", "prefill", "--model", "llama-tiny", "--context-length", "300",
-         "--window", "64", "--kv-layout", "ring", "--threads", "2", "--repeats", "1", "--chunk-size", "auto",
-         "--predictor-timeout-ms", "2000", "--json", *extra],
-        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "chunkpilot.cli",
+            "prefill",
+            "--model",
+            "llama-tiny",
+            "--context-length",
+            "300",
+            "--window",
+            "64",
+            "--kv-layout",
+            "ring",
+            "--threads",
+            "2",
+            "--repeats",
+            "1",
+            "--chunk-size",
+            "auto",
+            "--predictor-timeout-ms",
+            "2000",
+            "--json",
+            *extra,
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), done.stderr
@@ -77,10 +102,13 @@ def test_a_fallback_says_why_once_on_stderr_and_in_the_json(tmp_path, foreign_st
 
 def test_the_service_counts_refusals_by_reason(foreign_store):
     with serve(create_app(Settings(tracking_uri=foreign_store, poll_interval_s=0))) as url:
-        unknown = httpx.post(f"{url}/v1/chunk-size", json={"context_length": 100, "model": "llama-tiny",
-                                                           "hardware": {"hardware_id": "never-seen"}})
-        invalid = httpx.post(f"{url}/v1/chunk-size", json={"context_length": 0, "model": "llama-tiny",
-                                                           "hardware": {"hardware_id": "x"}})
+        unknown = httpx.post(
+            f"{url}/v1/chunk-size",
+            json={"context_length": 100, "model": "llama-tiny", "hardware": {"hardware_id": "never-seen"}},
+        )
+        invalid = httpx.post(
+            f"{url}/v1/chunk-size", json={"context_length": 0, "model": "llama-tiny", "hardware": {"hardware_id": "x"}}
+        )
         metrics = httpx.get(f"{url}/metrics").text
     assert unknown.status_code == 422 and "was not profiled" in unknown.json()["detail"]
     assert invalid.status_code == 422
@@ -91,7 +119,7 @@ def test_the_service_counts_refusals_by_reason(foreign_store):
 def test_a_promoted_model_replaces_cached_answers_within_poll_plus_ttl(tmp_path, small_dataset, monkeypatch):
     from mlflow import MlflowClient
 
-    from training.registry import MODEL_NAME
+    from chunkpilot.registry import MODEL_NAME
     from training.train import train
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri := f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -17,9 +17,30 @@ from .data import Table
 from .policies import DEFAULT_PARAMS, Choice, argmin_per_group, quiet_lgb
 
 # what a chunk's cost can depend on besides q and h: the model, the attention set-up, the machine
-CONFIG = ["window", "has_window", "layout", "sinks", "local_fraction", "num_layers", "hidden_size", "num_heads",
-          "num_kv_heads", "head_dim", "intermediate_size", "vocab_size", "parameters", "dtype_bytes", "attn_impl",
-          "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_mib", "l3_cache_mib"]
+CONFIG = [
+    "window",
+    "has_window",
+    "layout",
+    "sinks",
+    "local_fraction",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "parameters",
+    "dtype_bytes",
+    "attn_impl",
+    "threads",
+    "matmul_gflops",
+    "bandwidth_gbs",
+    "call_overhead_ms",
+    "cores",
+    "l2_cache_mib",
+    "l3_cache_mib",
+]
 CHUNK = ["query_tokens", "history", "keys", "chunk_gflop", "score_mib", "chunk_compute_ms", "log_base_ms"]
 COLUMNS = {name: FEATURES.index(name) for name in CONFIG}
 

@@ -13,7 +13,17 @@ from predictor.features import INPUT_COLUMNS, build
 from profiler.store import DataError, read_dataset
 
 CONFIG_COLUMNS = (
-    "group", "config_key", "model", "hardware_id", "context_length", "window", "layout", "sinks", "dtype", "threads", "attn_impl",
+    "group",
+    "config_key",
+    "model",
+    "hardware_id",
+    "context_length",
+    "window",
+    "layout",
+    "sinks",
+    "dtype",
+    "threads",
+    "attn_impl",
 )
 
 
@@ -47,7 +57,9 @@ def load_table(path: Path) -> Table:
     if configs < 2:
         raise DataError("data", f"{path} holds one config only ({rows.config_key.iloc[0]}): nothing to hold out")
     if rows.chunk_size.nunique() < 2:
-        raise DataError("data", f"every row of {path} has chunk size {rows.chunk_size.iloc[0]}: nothing to choose between")
+        raise DataError(
+            "data", f"every row of {path} has chunk size {rows.chunk_size.iloc[0]}: nothing to choose between"
+        )
     duplicated = rows.duplicated(["config_key", "chunk_size", "hardware_id"])
     if duplicated.any():
         row = rows[duplicated].iloc[0]

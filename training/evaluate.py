@@ -26,9 +26,18 @@ def cross_validate(
             choice = policy.choose(test)
             frames.append(records(test, choice).assign(slice=name, fold=i))
             if choice.predicted_ms is not None:
-                predictions.append(pd.DataFrame({"slice": name, "measured_ms": test.rows.ttft_ms.to_numpy(),
-                                                 "predicted_ms": choice.predicted_ms}))
-    return pd.concat(frames, ignore_index=True), pd.concat(predictions, ignore_index=True) if predictions else pd.DataFrame()
+                predictions.append(
+                    pd.DataFrame(
+                        {
+                            "slice": name,
+                            "measured_ms": test.rows.ttft_ms.to_numpy(),
+                            "predicted_ms": choice.predicted_ms,
+                        }
+                    )
+                )
+    return pd.concat(frames, ignore_index=True), pd.concat(
+        predictions, ignore_index=True
+    ) if predictions else pd.DataFrame()
 
 
 def slice_metrics(frame: pd.DataFrame) -> dict[str, dict[str, float]]:

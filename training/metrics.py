@@ -17,20 +17,29 @@ def records(test: Table, choice: Choice) -> pd.DataFrame:
     out = []
     for g, r in test.rows.groupby("group", sort=False):
         chunks, ttft = r.chunk_size.to_numpy(), r.ttft_ms.to_numpy()
-        at = dict(zip(chunks, ttft))
+        at = dict(zip(chunks, ttft, strict=True))
         n = int(r.context_length.iloc[0])
-        out.append({
-            "group": g, "context_length": n, "window": int(r.window.iloc[0]), "chosen": choice.chunks[g],
-            "best_chunk": int(chunks[ttft.argmin()]), "ttft_chosen": at[choice.chunks[g]], "ttft_best": ttft.min(),
-            "ttft_1024": at[closest_measured(chunks, limited(r, 1024))],
-            "ttft_rule": at[rule_chunk(r)],
-            "deferred": None if choice.deferred is None else g in choice.deferred,
-        })
+        out.append(
+            {
+                "group": g,
+                "context_length": n,
+                "window": int(r.window.iloc[0]),
+                "chosen": choice.chunks[g],
+                "best_chunk": int(chunks[ttft.argmin()]),
+                "ttft_chosen": at[choice.chunks[g]],
+                "ttft_best": ttft.min(),
+                "ttft_1024": at[closest_measured(chunks, limited(r, 1024))],
+                "ttft_rule": at[rule_chunk(r)],
+                "deferred": None if choice.deferred is None else g in choice.deferred,
+            }
+        )
     frame = pd.DataFrame(out)
     frame["regret"] = frame.ttft_chosen / frame.ttft_best - 1
     if choice.predicted_ms is not None:
         errors = np.abs(choice.predicted_ms - test.rows.ttft_ms.to_numpy()) / test.rows.ttft_ms.to_numpy()
-        frame["ape"] = pd.Series(errors).groupby(test.rows.group.to_numpy(), sort=False).mean().reindex(frame.group).to_numpy()
+        frame["ape"] = (
+            pd.Series(errors).groupby(test.rows.group.to_numpy(), sort=False).mean().reindex(frame.group).to_numpy()
+        )
     return frame
 
 

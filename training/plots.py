@@ -15,10 +15,19 @@ def regret_cdf(frames: dict[str, pd.DataFrame]) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, frame in frames.items():
         regret = np.sort(frame.regret.to_numpy()) * 100
-        ax.step(regret, np.arange(1, len(regret) + 1) / len(regret), where="post", label=name,
-                linewidth=2.5 if name == "lgbm-regressor" else 1.2)
-    ax.set(xscale="symlog", xlabel="regret vs measured best (%)", ylabel="share of held-out configs",
-           title="Regret on held-out configs (all slices)")
+        ax.step(
+            regret,
+            np.arange(1, len(regret) + 1) / len(regret),
+            where="post",
+            label=name,
+            linewidth=2.5 if name == "lgbm-regressor" else 1.2,
+        )
+    ax.set(
+        xscale="symlog",
+        xlabel="regret vs measured best (%)",
+        ylabel="share of held-out configs",
+        title="Regret on held-out configs (all slices)",
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -28,7 +37,10 @@ def regret_cdf(frames: dict[str, pd.DataFrame]) -> plt.Figure:
 def predicted_vs_measured(predictions: pd.DataFrame) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.loglog(predictions.measured_ms, predictions.predicted_ms, ".", alpha=0.4, markersize=3)
-    low, high = predictions[["measured_ms", "predicted_ms"]].min().min(), predictions[["measured_ms", "predicted_ms"]].max().max()
+    low, high = (
+        predictions[["measured_ms", "predicted_ms"]].min().min(),
+        predictions[["measured_ms", "predicted_ms"]].max().max(),
+    )
     ax.plot([low, high], [low, high], "k--", linewidth=1)
     ax.set(xlabel="measured TTFT (ms)", ylabel="predicted TTFT (ms)", title="Held-out predictions")
     fig.tight_layout()
@@ -40,7 +52,9 @@ def best_chunk_heatmap(rows: pd.DataFrame) -> plt.Figure:
     best = rows.loc[rows.groupby("group").ttft_ms.idxmin()]
     bins = 2 ** np.arange(7, 16)
     best = best.assign(context_bin=pd.cut(best.context_length, bins=np.append(bins, np.inf), labels=bins, right=False))
-    table = best.pivot_table(index="window", columns="context_bin", values="chunk_size", aggfunc="median", observed=False)
+    table = best.pivot_table(
+        index="window", columns="context_bin", values="chunk_size", aggfunc="median", observed=False
+    )
     fig, ax = plt.subplots(figsize=(8, 4))
     image = ax.imshow(np.log2(table.to_numpy(dtype=float)), aspect="auto", cmap="viridis")
     ax.set_xticks(range(len(table.columns)), [str(c) for c in table.columns], rotation=45)

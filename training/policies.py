@@ -12,22 +12,38 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.config import hand_rule, max_chunk
+from chunkpilot.contract import hand_rule, max_chunk
 from predictor.choice import pick
-from predictor.features import FEATURES, MONOTONE, _keys_sum, base_log_ms, history_sum
+from predictor.features import FEATURES, MONOTONE, base_log_ms, history_sum, keys_sum
 
 from .data import Table
 
-CHUNK_DEPENDENT = {"chunk_size", "num_chunks", "last_chunk", "chunk_over_context", "attention_gflop",
-                   "chunk_score_mib", "compute_ms", "overhead_ms"}
+CHUNK_DEPENDENT = {
+    "chunk_size",
+    "num_chunks",
+    "last_chunk",
+    "chunk_over_context",
+    "attention_gflop",
+    "chunk_score_mib",
+    "compute_ms",
+    "overhead_ms",
+}
 CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEPENDENT]
 # 120 trees of 15 leaves: as good on held-out configs as 400 of 31 (README, Training) at a third of
 # the serving time, which the decision's 0.2 ms budget needs
 # rank_with_ranker, rule_margin: how the decision uses the predictions (predictor/choice.py); the
 # service reads both from the registered run's params
-DEFAULT_PARAMS = {"num_boost_round": 120, "learning_rate": 0.1, "num_leaves": 15, "min_data_in_leaf": 5,
-                  "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.9, "rule_margin": 0.0,
-                  "rank_with_ranker": True}
+DEFAULT_PARAMS = {
+    "num_boost_round": 120,
+    "learning_rate": 0.1,
+    "num_leaves": 15,
+    "min_data_in_leaf": 5,
+    "bagging_fraction": 0.9,
+    "bagging_freq": 1,
+    "feature_fraction": 0.9,
+    "rule_margin": 0.0,
+    "rank_with_ranker": True,
+}
 
 
 def closest_measured(candidates: np.ndarray, chunk: int) -> int:
@@ -67,8 +83,12 @@ class FixedChunk:
         pass
 
     def choose(self, test: Table) -> Choice:
-        return Choice({g: closest_measured(r.chunk_size.to_numpy(), limited(r, self.size))
-                       for g, r in test.rows.groupby("group", sort=False)})
+        return Choice(
+            {
+                g: closest_measured(r.chunk_size.to_numpy(), limited(r, self.size))
+                for g, r in test.rows.groupby("group", sort=False)
+            }
+        )
 
 
 class BestFixed(FixedChunk):
@@ -83,10 +103,18 @@ class BestFixed(FixedChunk):
         best = {g: r.ttft_ms.min() for g, r in groups}
 
         def mean_regret(size: int) -> float:
-            return float(np.mean([
-                r.ttft_ms.to_numpy()[r.chunk_size.to_numpy() == closest_measured(r.chunk_size.to_numpy(), limited(r, size))][0]
-                / best[g] - 1 for g, r in groups
-            ]))
+            return float(
+                np.mean(
+                    [
+                        r.ttft_ms.to_numpy()[
+                            r.chunk_size.to_numpy() == closest_measured(r.chunk_size.to_numpy(), limited(r, size))
+                        ][0]
+                        / best[g]
+                        - 1
+                        for g, r in groups
+                    ]
+                )
+            )
 
         self.size = min(sorted(train.rows.chunk_size.unique()), key=mean_regret)
 
@@ -102,7 +130,9 @@ class HandRule:
 
 
 def argmin_per_group(test: Table, predicted: np.ndarray) -> dict[str, int]:
-    frame = pd.DataFrame({"group": test.rows.group.to_numpy(), "chunk": test.rows.chunk_size.to_numpy(), "p": predicted})
+    frame = pd.DataFrame(
+        {"group": test.rows.group.to_numpy(), "chunk": test.rows.chunk_size.to_numpy(), "p": predicted}
+    )
     return {g: int(r.chunk.iloc[int(np.argmin(r.p.to_numpy()))]) for g, r in frame.groupby("group", sort=False)}
 
 
@@ -119,7 +149,7 @@ class AnalyticFit:
         n = rows.context_length.to_numpy(float)
         c = np.minimum(rows.chunk_size.to_numpy(float), n)
         w = np.where(rows.window.to_numpy() > 0, rows.window.to_numpy(float), np.inf)
-        return np.column_stack([_keys_sum(n, c, w), n, history_sum(n, c, w), np.ones_like(n)])
+        return np.column_stack([keys_sum(n, c, w), n, history_sum(n, c, w), np.ones_like(n)])
 
     def fit(self, train: Table) -> None:
         def solve(rows: pd.DataFrame) -> np.ndarray:
@@ -157,7 +187,7 @@ class NearestConfig:
         x = (np.log1p(np.abs(x)) - self.mean) / self.std
         nearest = ((x[:, None, :] - self.x[None]) ** 2).sum(-1).argmin(1)
         chunks = {}
-        for g, target in zip(first.group, self.best[nearest]):
+        for g, target in zip(first.group, self.best[nearest], strict=True):
             candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
             chunks[g] = closest_measured(candidates, int(target))
         return Choice(chunks)
@@ -187,10 +217,12 @@ class ChunkClassifier:
         else:
             proba = self.model.predict_proba(x)
         chunks = {}
-        for g, p in zip(first.group, proba):
+        for g, p in zip(first.group, proba, strict=True):
             candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
-            feasible = [(prob, c) for prob, c in zip(p, self.classes) if c in candidates]
-            chunks[g] = int(max(feasible)[1]) if feasible else closest_measured(candidates, int(self.classes[np.argmax(p)]))
+            feasible = [(prob, c) for prob, c in zip(p, self.classes, strict=True) if c in candidates]
+            chunks[g] = (
+                int(max(feasible)[1]) if feasible else closest_measured(candidates, int(self.classes[np.argmax(p)]))
+            )
         return Choice(chunks)
 
 
@@ -223,7 +255,9 @@ class TTFTRegressor:
     name: str = "lgbm-regressor"
 
     def fit(self, train: Table) -> None:
-        params = quiet_lgb(objective="regression", monotone_constraints=list(MONOTONE), **{**DEFAULT_PARAMS, **self.params})
+        params = quiet_lgb(
+            objective="regression", monotone_constraints=list(MONOTONE), **{**DEFAULT_PARAMS, **self.params}
+        )
         rounds = params.pop("num_boost_round")
         self.rule_margin, ranked = params.pop("rule_margin"), params.pop("rank_with_ranker")
         data = lgb.Dataset(train.x, train.y - base_log_ms(train.x), feature_name=list(FEATURES), free_raw_data=False)
@@ -241,16 +275,21 @@ class TTFTRegressor:
         return choose_per_group(test, level, score, lambda i, best, rule: self.rule_margin)
 
 
-def choose_per_group(test: Table, level: np.ndarray, score: np.ndarray | None,
-                     margin: Callable[[np.ndarray, int, int], float]) -> Choice:
+def choose_per_group(
+    test: Table, level: np.ndarray, score: np.ndarray | None, margin: Callable[[np.ndarray, int, int], float]
+) -> Choice:
     """predictor.choice.pick for every held-out config; `margin(rows, argmin, rule)` (positions
     within the config) gives its rule margin."""
     chunks, deferred = {}, set()
     for g, r in test.rows.groupby("group", sort=False):
         i = r.index.to_numpy()
         rule = int(np.flatnonzero(r.chunk_size.to_numpy() == rule_chunk(r))[0])
-        best, to_rule = pick(level[i].tolist(), None if score is None else score[i].tolist(), rule,
-                             margin(i, int(np.argmin(level[i])), rule))
+        best, to_rule = pick(
+            level[i].tolist(),
+            None if score is None else score[i].tolist(),
+            rule,
+            margin(i, int(np.argmin(level[i])), rule),
+        )
         chunks[g] = int(r.chunk_size.iloc[best])
         if to_rule:
             deferred.add(g)
@@ -271,16 +310,28 @@ class DoNoHarm:
     def fit(self, train: Table) -> None:
         self.models = []
         for seed in range(self.members):
-            model = TTFTRegressor({**self.params, "seed": seed, "bagging_fraction": 0.7, "feature_fraction": 0.7,
-                                   "rule_margin": 0.0, "rank_with_ranker": False})
+            model = TTFTRegressor(
+                {
+                    **self.params,
+                    "seed": seed,
+                    "bagging_fraction": 0.7,
+                    "feature_fraction": 0.7,
+                    "rule_margin": 0.0,
+                    "rank_with_ranker": False,
+                }
+            )
             model.fit(train)
             self.models.append(model)
 
     def choose(self, test: Table) -> Choice:
         predicted = np.stack([m.predict_log_ms(test) for m in self.models])  # [K, rows]
         sd = predicted.std(0)
-        return choose_per_group(test, predicted.mean(0), None,
-                                lambda i, best, rule: float(np.expm1(self.z * np.hypot(sd[i][best], sd[i][rule]))))
+        return choose_per_group(
+            test,
+            predicted.mean(0),
+            None,
+            lambda i, best, rule: float(np.expm1(self.z * np.hypot(sd[i][best], sd[i][rule]))),
+        )
 
 
 def variants(params: dict, rows: pd.DataFrame) -> list:
@@ -290,10 +341,16 @@ def variants(params: dict, rows: pd.DataFrame) -> list:
     from .chunk_cost import PerChunkCost
 
     plain = {**params, "rule_margin": 0.0, "rank_with_ranker": False}
-    others = [TTFTRegressor(plain, "lgbm-argmin"), TTFTRegressor({**plain, "rank_with_ranker": True}, "lgbm-rank-level"),
-              TTFTRegressor({**plain, "rule_margin": 0.05}, "lgbm-rule-margin")]
+    others = [
+        TTFTRegressor(plain, "lgbm-argmin"),
+        TTFTRegressor({**plain, "rank_with_ranker": True}, "lgbm-rank-level"),
+        TTFTRegressor({**plain, "rule_margin": 0.05}, "lgbm-rule-margin"),
+    ]
     per_chunk = [PerChunkCost(params)] if rows.chunk_ms.notna().all() else []
-    return [v for v in others if {**DEFAULT_PARAMS, **v.params} != {**DEFAULT_PARAMS, **params}] + [DoNoHarm(params), *per_chunk]
+    return [v for v in others if {**DEFAULT_PARAMS, **v.params} != {**DEFAULT_PARAMS, **params}] + [
+        DoNoHarm(params),
+        *per_chunk,
+    ]
 
 
 def baselines() -> list:

@@ -15,8 +15,12 @@ from .slices import Fold
 # at most 120 trees of 31 leaves: the service walks every tree for each of a dozen candidates
 # within its 0.2 ms decision budget (the default, 120 x 15, takes ~0.02 ms of it in LightGBM's C code)
 SPACE = {
-    "num_leaves": [7, 15, 31], "learning_rate": [0.05, 0.1, 0.2], "num_boost_round": [60, 90, 120],
-    "min_data_in_leaf": [3, 5, 10, 20], "feature_fraction": [0.6, 0.8, 0.9, 1.0], "lambda_l2": [0.0, 0.1, 1.0, 10.0],
+    "num_leaves": [7, 15, 31],
+    "learning_rate": [0.05, 0.1, 0.2],
+    "num_boost_round": [60, 90, 120],
+    "min_data_in_leaf": [3, 5, 10, 20],
+    "feature_fraction": [0.6, 0.8, 0.9, 1.0],
+    "lambda_l2": [0.0, 0.1, 1.0, 10.0],
 }
 
 
@@ -25,7 +29,9 @@ def mean_regret(params: dict, table: Table, slices: dict[str, list[Fold]]) -> fl
     return slice_metrics(frame)["all"]["mean_regret"]
 
 
-def search(base: dict, table: Table, slices: dict[str, list[Fold]], minutes: float, seed: int = 0) -> tuple[dict, list[dict]]:
+def search(
+    base: dict, table: Table, slices: dict[str, list[Fold]], minutes: float, seed: int = 0
+) -> tuple[dict, list[dict]]:
     """(the best params found, every trial as {params..., mean_regret, seconds}); the defaults first."""
     deadline, rng = time.monotonic() + 60 * minutes, random.Random(seed)
     trials: list[dict] = []
@@ -36,8 +42,11 @@ def search(base: dict, table: Table, slices: dict[str, list[Fold]], minutes: flo
         last = time.monotonic() - t0
         trials.append({**candidate, "mean_regret": regret, "seconds": round(last, 1)})
         best = min(trials, key=lambda t: t["mean_regret"])
-        print(f"search trial {len(trials)}: mean regret {regret:.2%} in {last:.0f} s "
-              f"(best {best['mean_regret']:.2%}, {max(0.0, deadline - time.monotonic()):.0f} s left)", flush=True)
+        print(
+            f"search trial {len(trials)}: mean regret {regret:.2%} in {last:.0f} s "
+            f"(best {best['mean_regret']:.2%}, {max(0.0, deadline - time.monotonic()):.0f} s left)",
+            flush=True,
+        )
         candidate = {**base, **{k: rng.choice(v) for k, v in SPACE.items()}}
     best = min(trials, key=lambda t: t["mean_regret"])
     return {k: v for k, v in best.items() if k not in ("mean_regret", "seconds")}, trials

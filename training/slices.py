@@ -29,15 +29,20 @@ def make_slices(configs: pd.DataFrame, context_folds: int = 3) -> dict[str, list
         held = np.isin(configs.context_length, lengths[i::context_folds])  # interleaved: every 3rd length
         context.append((configs.group[~held].to_numpy(), configs.group[held].to_numpy()))
     windowed = configs[configs.window > 0]  # "no window" stays in training: it is not a window to generalise to
-    window = [(np.concatenate([configs.group[configs.window == 0].to_numpy(), train]), test)
-              for train, test in _leave_one_out(windowed, "window")]
+    window = [
+        (np.concatenate([configs.group[configs.window == 0].to_numpy(), train]), test)
+        for train, test in _leave_one_out(windowed, "window")
+    ]
     machines = _leave_one_out(configs, "hardware_id")
     hardware = machines or [fold for column in ("threads", "dtype") for fold in _leave_one_out(configs, column)]
     slices = {"context": context, "model": _leave_one_out(configs, "model"), "window": window, "hardware": hardware}
     if machines:  # train on neither the shape nor the machine; test on that shape on that machine
         slices["model-machine"] = [
-            (configs.group[(configs.model != m) & (configs.hardware_id != h)].to_numpy(),
-             configs.group[(configs.model == m) & (configs.hardware_id == h)].to_numpy())
-            for m in sorted(configs.model.unique()) for h in sorted(configs.hardware_id.unique())
+            (
+                configs.group[(configs.model != m) & (configs.hardware_id != h)].to_numpy(),
+                configs.group[(configs.model == m) & (configs.hardware_id == h)].to_numpy(),
+            )
+            for m in sorted(configs.model.unique())
+            for h in sorted(configs.hardware_id.unique())
         ]
     return {name: [f for f in folds if len(f[0]) and len(f[1])] for name, folds in slices.items() if folds}

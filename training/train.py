@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from chunkpilot import registry
+from chunkpilot.registry import Verdict
 from chunkpilot.tracking import quiet_mlflow, use_experiment
 from predictor.features import FEATURES
 from profiler.store import LISTS, DataError
@@ -20,9 +22,9 @@ from . import plots
 from .data import Table, load_table
 from .evaluate import cross_validate, flat, slice_metrics
 from .policies import DEFAULT_PARAMS, TTFTRegressor, baselines, variants
-from .registry import MODEL_NAME, Verdict, current_champion, judge
 from .search import mean_regret, search
 from .slices import make_slices
+
 
 @dataclass
 class TrainResult:
@@ -42,8 +44,10 @@ def hardware_table(rows: pd.DataFrame) -> dict:
     return {
         str(hardware_id): {
             "static": json.loads(machine[static].iloc[0].to_json()),
-            "descriptors": {f"{dtype}/{threads}": json.loads(g[measured].median().to_json())
-                            for (dtype, threads), g in machine.groupby(["dtype", "threads"])},
+            "descriptors": {
+                f"{dtype}/{threads}": json.loads(g[measured].median().to_json())
+                for (dtype, threads), g in machine.groupby(["dtype", "threads"])
+            },
         }
         for hardware_id, machine in rows.groupby("hardware_id")
     }
@@ -56,7 +60,67 @@ def _log_dataset(table: Table, source: Path) -> None:
     mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(source), name="ttft"), context="training")
 
 
-def train(data: Path, experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0) -> TrainResult:
+def _log_model(
+    final: TTFTRegressor,
+    table: Table,
+    data: Path,
+    params: dict,
+    slices: dict,
+    trials: list[dict],
+    frames: dict[str, pd.DataFrame],
+    predictions: pd.DataFrame,
+    verdict: Verdict,
+) -> str:
+    """Inside the model's run: its recipe, held-out metrics, artifacts and figures; the booster
+    logged and registered. Returns the registered version."""
+    import mlflow
+
+    mlflow.set_tags(
+        {
+            "role": "model",
+            "policy": "lgbm-regressor",
+            "promotion": verdict.reason,
+            "target": "log(ttft_ms) - predictor.features.base_log_ms(features)",
+        }
+    )
+    mlflow.log_params(
+        {
+            "lgbm_params": json.dumps(params, sort_keys=True),
+            "features": ",".join(FEATURES),
+            "rows": len(table.rows),
+            "configs": table.rows.group.nunique(),
+            "slices": json.dumps({k: len(v) for k, v in slices.items()}),
+        }
+    )
+    booster = final.booster
+    importance = dict(zip(FEATURES, booster.feature_importance("gain").round(1).tolist(), strict=True))
+    mlflow.log_dict(dict(sorted(importance.items(), key=lambda kv: -kv[1])), "feature_importance.json")
+    mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE)
+    if final.ranker is not None:
+        mlflow.log_text(final.ranker.model.booster_.model_to_string(), registry.RANKER)
+    if trials:
+        mlflow.log_dict({"trials": trials}, "search_trials.json")
+    for figure, name in (
+        (plots.regret_cdf(frames), "regret_cdf.png"),
+        (plots.predicted_vs_measured(predictions), "predicted_vs_measured.png"),
+        (plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png"),
+    ):
+        mlflow.log_figure(figure, name)
+        plots.plt.close(figure)
+    _log_dataset(table, data)
+    example = pd.DataFrame(table.x[:3], columns=list(FEATURES))
+    signature = mlflow.models.infer_signature(example, booster.predict(table.x[:3]))
+    info = mlflow.lightgbm.log_model(
+        booster, name="model", signature=signature, input_example=example, registered_model_name=registry.MODEL_NAME
+    )
+    return str(info.registered_model_version)
+
+
+def train(
+    data: Path, experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0
+) -> TrainResult:
+    """Cross-validate every baseline and variant and the model on the same slices, each its own run;
+    then fit on all rows, pass the gate, log and register."""
     import mlflow
     from mlflow import MlflowClient
 
@@ -88,43 +152,11 @@ def train(data: Path, experiment: str = "chunk-size", params: dict | None = None
         new_regret = metrics["lgbm-regressor"]["all"]["mean_regret"]
         final = TTFTRegressor(params)
         final.fit(table)
-
-        champion = current_champion(client)
-        if champion is not None:  # re-measure the champion's recipe on exactly these slices
-            version, champion_params = champion
-            same = champion_params == params  # training is deterministic: the same recipe scores the same
-            champion = (version, new_regret if same else mean_regret(champion_params, table, slices))
-        verdict = judge(new_regret, champion)
-
+        verdict = registry.gate(client, new_regret, params, lambda recipe: mean_regret(recipe, table, slices))
         with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
-            mlflow.set_tags({"role": "model", "policy": "lgbm-regressor", "promotion": verdict.reason,
-                             "target": "log(ttft_ms) - predictor.features.base_log_ms(features)"})
-            mlflow.log_params({"lgbm_params": json.dumps(params, sort_keys=True), "features": ",".join(FEATURES),
-                               "rows": len(table.rows), "configs": table.rows.group.nunique(),
-                               "slices": json.dumps({k: len(v) for k, v in slices.items()})})
             mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
-            booster = final.booster
-            importance = dict(zip(FEATURES, booster.feature_importance("gain").round(1).tolist()))
-            mlflow.log_dict(dict(sorted(importance.items(), key=lambda kv: -kv[1])), "feature_importance.json")
-            mlflow.log_dict(hardware_table(table.rows), "hardware.json")
-            if final.ranker is not None:  # the service combines its order with the regressor's levels
-                mlflow.log_text(final.ranker.model.booster_.model_to_string(), "ranker.lgb")
-            if trials:
-                mlflow.log_dict({"trials": trials}, "search_trials.json")
-            for figure, name in ((plots.regret_cdf(frames), "regret_cdf.png"),
-                                 (plots.predicted_vs_measured(predictions), "predicted_vs_measured.png"),
-                                 (plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png")):
-                mlflow.log_figure(figure, name)
-                plots.plt.close(figure)
-            _log_dataset(table, data)
-            example = pd.DataFrame(table.x[:3], columns=list(FEATURES))
-            signature = mlflow.models.infer_signature(example, booster.predict(table.x[:3]))
-            info = mlflow.lightgbm.log_model(booster, name="model", signature=signature, input_example=example,
-                                             registered_model_name=MODEL_NAME)
-        version = str(info.registered_model_version)
-        client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
-        client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
-        client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)
+            version = _log_model(final, table, data, params, slices, trials, frames, predictions, verdict)
+        registry.register(client, version, verdict, new_regret)
     return TrainResult(metrics, version, verdict, time.monotonic() - start, len(table.rows), table.rows.group.nunique())
 
 
@@ -133,21 +165,37 @@ def format_result(result: TrainResult) -> str:
     slice_names = list(result.metrics["lgbm-regressor"])
     lines = [f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s"]
     for metric, what in (("mean_regret", "mean regret"), ("p95_regret", "p95 regret")):
-        lines += ["", f"{what} on held-out configs (TTFT of the choice / measured best - 1)",
-                  f"{'policy':<18}" + "".join(f"{s:>15}" for s in slice_names)]
+        lines += [
+            "",
+            f"{what} on held-out configs (TTFT of the choice / measured best - 1)",
+            f"{'policy':<18}" + "".join(f"{s:>15}" for s in slice_names),
+        ]
         for name in policies:
             lines.append(f"{name:<18}" + "".join(f"{result.metrics[name][s][metric]:>15.1%}" for s in slice_names))
     deferred = {n: m["all"]["deferred"] for n, m in result.metrics.items() if m["all"]["deferred"] > 0}  # NaN: no
     lines += [f"{n} took the rule's size on {share:.0%} of held-out configs" for n, share in deferred.items()]
-    lines += ["", "lgbm-regressor per slice (targets: mean regret <= 2.5%, p95 <= 10%, within 5% >= 85%)",
-              f"{'slice':<14}{'mean':>8}{'p95':>8}{'top-1':>8}{'within5%':>10}{'MAPE':>8}{'saved/1024':>12}{'saved/rule':>12}"]
+    lines += [
+        "",
+        "lgbm-regressor per slice (targets: mean regret <= 2.5%, p95 <= 10%, within 5% >= 85%)",
+        f"{'slice':<14}{'mean':>8}{'p95':>8}{'top-1':>8}{'within5%':>10}{'MAPE':>8}{'saved/1024':>12}{'saved/rule':>12}",
+    ]
     for s, m in result.metrics["lgbm-regressor"].items():
-        lines.append(f"{s:<14}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['top1']:>8.0%}{m['within_5pct']:>10.0%}"
-                     f"{m['mape']:>8.1%}{m['saved_vs_1024']:>12.0%}{m['saved_vs_rule']:>12.0%}")
-    losses = [f"{name} in {s}" for name in policies[1:] for s in slice_names
-              if result.metrics[name][s]["mean_regret"] <= result.metrics["lgbm-regressor"][s]["mean_regret"]]
-    lines.append("the model beats every baseline on mean regret in every slice" if not losses
-                 else "the model does NOT beat: " + ", ".join(losses))
-    lines.append(f"registered {MODEL_NAME} v{result.version} as {result.verdict.alias}: {result.verdict.reason}")
+        lines.append(
+            f"{s:<14}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['top1']:>8.0%}{m['within_5pct']:>10.0%}"
+            f"{m['mape']:>8.1%}{m['saved_vs_1024']:>12.0%}{m['saved_vs_rule']:>12.0%}"
+        )
+    losses = [
+        f"{name} in {s}"
+        for name in policies[1:]
+        for s in slice_names
+        if result.metrics[name][s]["mean_regret"] <= result.metrics["lgbm-regressor"][s]["mean_regret"]
+    ]
+    lines.append(
+        "the model beats every baseline on mean regret in every slice"
+        if not losses
+        else "the model does NOT beat: " + ", ".join(losses)
+    )
+    lines.append(
+        f"registered {registry.MODEL_NAME} v{result.version} as {result.verdict.alias}: {result.verdict.reason}"
+    )
     return "\n".join(lines)
-

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from chunkpilot.config import check_int
+from chunkpilot.contract import number
 
 HELP = "serve the champion chunk-size model over HTTP (FastAPI + uvicorn)"
 
@@ -17,8 +17,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .app import create_app
+    from predictor.app import create_app
 
-    port = check_int("port", args.port, 1, 65535)
+    port = number("port", args.port, int, ge=1, le=65535)
     uvicorn.run(create_app(), host=args.host, port=port, log_level="warning", access_log=False)
     return 0

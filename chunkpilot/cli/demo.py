@@ -6,19 +6,24 @@ policy, and auto's saving over each with its 95% interval."""
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from chunkpilot.config import check_float, check_int
+from chunkpilot.contract import number
 from engine.evaluate import PromptCase
+
+from .processes import free_port, start_service, wait_ready
 
 HELP = "the main job: profile briefly, train, serve, and compare auto vs fixed 1024 vs the hand rule"
 # lengths and attention set-ups not in the demo's own profile grid
-PROMPTS = [PromptCase(1200), PromptCase(3000), PromptCase(3000, 1024, "shift"),
-           PromptCase(6000, 512, "ring"), PromptCase(2500, 256, "ring", 4), PromptCase(9000, 2048, "shift")]
+PROMPTS = [
+    PromptCase(1200),
+    PromptCase(3000),
+    PromptCase(3000, 1024, "shift"),
+    PromptCase(6000, 512, "ring"),
+    PromptCase(2500, 256, "ring", 4),
+    PromptCase(9000, 2048, "shift"),
+]
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -26,48 +31,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, default=Path("data/specs/demo.yaml"))
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="profiled data to train on")
     parser.add_argument("--model", default="llama-tiny", help="the engine's model for the comparison")
-    parser.add_argument("--max-rounds", default="8", help="most measuring rounds of the comparison (at least 3 unless fewer)")
+    parser.add_argument(
+        "--max-rounds", default="8", help="most measuring rounds of the comparison (at least 3 unless fewer)"
+    )
 
 
 def _step(n: int, text: str, start: float) -> None:
     print(f"\n[{n}/5 at {time.monotonic() - start:.0f} s] {text}", flush=True)
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_service(port: int, **settings: object) -> subprocess.Popen:
-    """`chunkpilot serve` in a new process; `settings` become its CHUNKPILOT_* environment."""
-    from chunkpilot.tracking import tracking_uri
-
-    settings = {"tracking_uri": tracking_uri(), "poll_interval_s": 0, **settings}
-    env = {**os.environ, **{f"CHUNKPILOT_{k.upper()}": str(v) for k, v in settings.items()}}
-    return subprocess.Popen([sys.executable, "-m", "chunkpilot.cli", "serve", "--port", str(port)], env=env)
-
-
-def answers(url: str) -> bool:
-    """GET `url` gives 200 (False while nothing listens or it says otherwise)."""
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and proc.poll() is None:
-        if answers(f"{url}/readyz"):
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"the service at {url} did not become ready")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from profiler.store import read_dataset
     from training.train import format_result, train
 
-    minutes = check_float("profile_minutes", args.profile_minutes, 0, 60)
-    max_rounds = check_int("max_rounds", args.max_rounds, 1, 50)
+    minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)
+    max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=50)
     start = time.monotonic()
     spec = Spec.from_file(args.spec)
     _step(1, f"profiling this machine for up to {minutes:g} min ({args.spec}), beside the shipped data", start)
@@ -93,16 +63,22 @@ def run(args: argparse.Namespace) -> int:
     service = start_service(port)
     try:
         wait_ready(url, service)
-        _step(4, f"{args.model}: {len(PROMPTS)} prompts, every chunk size (each policy's choice among them) per "
-                 f"round, rounds until auto's savings are settled (at most {max_rounds})", start)
+        _step(
+            4,
+            f"{args.model}: {len(PROMPTS)} prompts, every chunk size (each policy's choice among them) per "
+            f"round, rounds until auto's savings are settled (at most {max_rounds})",
+            start,
+        )
         table = compare_with_service(args.model, url, max_rounds)
     finally:
         service.terminate()
         service.wait(timeout=20)
     _step(5, "stopped the service", start)
     print(table)
-    print("\nMLflow: .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --port 5000  "
-          "(experiment chunk-size: tick the runs, press Compare)")
+    print(
+        "\nMLflow: .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --port 5000  "
+        "(experiment chunk-size: tick the runs, press Compare)"
+    )
     print(f"demo finished in {(time.monotonic() - start) / 60:.1f} min")
     return 0
 
@@ -120,8 +96,14 @@ def compare_with_service(model: str, url: str, max_rounds: int, cases: list | No
     auto = AutoPolicy(url, 0.05, local_hardware(engine.config.dtype, engine.runtime.threads))
     policies = {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy()}
     try:
-        result = evaluate(engine, policies, cases or PROMPTS, [("auto", "hand rule"), ("auto", "fixed 1024")],
-                          min_rounds=min(3, max_rounds), max_rounds=max_rounds)
+        result = evaluate(
+            engine,
+            policies,
+            cases or PROMPTS,
+            [("auto", "hand rule"), ("auto", "fixed 1024")],
+            min_rounds=min(3, max_rounds),
+            max_rounds=max_rounds,
+        )
     finally:
         auto.close()
     return format_evaluation(result)

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from chunkpilot.config import check_float, check_int
+from chunkpilot.contract import number
 
 HELP = "measure TTFT for every chunk size over a spec's configs (resumable)"
 
@@ -16,27 +16,32 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="YAML spec (see data/specs/)")
     parser.add_argument("--out", type=Path, default=Path("data/ttft"), help="dataset root (default data/ttft)")
     parser.add_argument("--budget-minutes", help="space-filling subset that fits this many minutes")
-    parser.add_argument("--resume", action="store_true", help="skip finished configs (a plain rerun does too)")
-    parser.add_argument("--check-repro", action="store_true", help="re-measure a sample of finished configs in a fresh process")
+    parser.add_argument(
+        "--check-repro", action="store_true", help="re-measure a sample of finished configs in a fresh process"
+    )
     parser.add_argument("--sample", default="10", help="configs re-measured by --check-repro")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
 
 
 def run(args: argparse.Namespace) -> int:
-    from .spec import Spec
+    from profiler.spec import Spec
 
     spec = Spec.from_file(args.spec)
-    budget = None if args.budget_minutes is None else check_float("budget_minutes", args.budget_minutes, 0, 7 * 24 * 60)
+    budget = (
+        None
+        if args.budget_minutes is None
+        else number("budget_minutes", args.budget_minutes, float, gt=0, le=7 * 24 * 60)
+    )
     if args.check_repro:
-        from .repro import check_reproducibility, format_repro
+        from profiler.repro import check_reproducibility, format_repro
 
-        result = check_reproducibility(spec, args.out, check_int("sample", args.sample, 1, 10_000))
+        result = check_reproducibility(spec, args.out, number("sample", args.sample, int, ge=1, le=10_000))
         print(format_repro(result))
         return 0
 
-    from .run import log_run, run_profile
-    from .store import read_dataset
-    from .summary import format_summary, summarize
+    from profiler.run import log_run, run_profile
+    from profiler.store import read_dataset
+    from profiler.summary import format_summary, summarize
 
     report = run_profile(spec, args.out, budget)
     if not report.measured and not report.already_done:
@@ -44,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
         return 130 if report.interrupted else 0
     dataset = read_dataset(report.directory)  # this machine's rows: another's share the config keys
     print(format_summary(summarize(dataset)))
-    print(f"{len(report.measured)} configs measured in {report.seconds / 60:.1f} min, {report.already_done} were done, "
-          f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "
-          f"dataset: {len(dataset)} rows in {report.directory}")
+    print(
+        f"{len(report.measured)} configs measured in {report.seconds / 60:.1f} min, {report.already_done} were done, "
+        f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "
+        f"dataset: {len(dataset)} rows in {report.directory}"
+    )
     if not args.no_mlflow:
         run_id = log_run(spec, report, dataset, budget)
         print(f"logged to MLflow experiment 'profiling', run {run_id}")

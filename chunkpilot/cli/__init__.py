@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from chunkpilot.config import ConfigError
+from chunkpilot.contract import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -18,16 +18,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # each part's module adds its own arguments and imports torch only inside its `run`
-    from chunkpilot import demo
-    from engine import cli as engine_cli
-    from predictor import cli as predictor_cli
-    from profiler import cli as profiler_cli
-    from training import cli as training_cli
+    # each command's module adds its own arguments and imports torch only inside its `run`
+    from . import demo, prefill, profile, serve, train
 
     parser = OneLineParser(prog="chunkpilot", description="Per-request prefill chunk sizes, from measurements.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for name, module in (("prefill", engine_cli), ("profile", profiler_cli), ("train", training_cli), ("serve", predictor_cli), ("demo", demo)):
+    for module in (prefill, profile, train, serve, demo):
+        name = module.__name__.rsplit(".", 1)[1]
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_args(command)
         command.set_defaults(handler=module.run)
@@ -44,7 +41,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"chunkpilot {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from chunkpilot.config import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, check_int
+from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, number
 
 HELP = "run one prompt through the engine and print its TTFT breakdown"
 
@@ -39,11 +39,10 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
 def auto_policy(args: argparse.Namespace, engine):
     """The `auto` policy for this engine: over HTTP, or in-process with --in-process."""
     from chunkpilot.tracking import tracking_uri
+    from engine.hardware import local_hardware
+    from engine.predictor_client import AutoPolicy, InProcessPolicy
 
-    from .hardware import local_hardware
-    from .predictor_client import AutoPolicy, InProcessPolicy
-
-    timeout_ms = check_int("predictor_timeout_ms", args.predictor_timeout_ms, 1, 60_000)
+    timeout_ms = number("predictor_timeout_ms", args.predictor_timeout_ms, int, ge=1, le=60_000)
     hardware = local_hardware(engine.config.dtype, engine.runtime.threads, engine.config.device)
     if args.in_process:
         return InProcessPolicy(tracking_uri(), hardware)
@@ -56,8 +55,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
     parser.add_argument("--context-length", help="prompt length in tokens: synthetic text, or a cap on a given text")
-    parser.add_argument("--chunk-size", default="rule",
-                        help="a positive integer, 'full' (one shot), 'rule' or 'auto' (ask the predictor)")
+    parser.add_argument(
+        "--chunk-size",
+        default="rule",
+        help="a positive integer, 'full' (one shot), 'rule' or 'auto' (ask the predictor)",
+    )
     add_predictor_args(parser)
     add_attention_args(parser)
     parser.add_argument("--repeats", default="3", help="measured repeats after one warm-up")
@@ -65,33 +67,25 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace):
-    from .engine import EngineConfig
+    from engine.engine import EngineConfig
 
-    threads = None if args.threads is None else check_int("threads", args.threads, 1, 1024)
-    seed = check_int("seed", args.seed, 0)
-    return EngineConfig(args.model, args.dtype, threads, args.attn, args.device, seed, args.compile)
+    return EngineConfig(args.model, args.dtype, args.threads, args.attn, args.device, args.seed, args.compile)
 
 
 def attention_config(args: argparse.Namespace, model_window: int | None) -> AttentionConfig:
-    if args.window is None:
-        window = model_window
-    elif args.window == "none":
-        window = None
-    else:
-        window = check_int("window", args.window, 1)
-    sinks = check_int("sinks", args.sinks, 0)
-    return AttentionConfig(window=window, layout=args.kv_layout, sinks=sinks)
+    window = {None: model_window, "none": None}.get(args.window, args.window)
+    return AttentionConfig(window=window, layout=args.kv_layout, sinks=args.sinks)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .policy import parse_policy  # light: check what needs no model before loading torch
+    from engine.policy import parse_policy  # light: check what needs no model before loading torch
 
     policy = None if args.chunk_size == "auto" else parse_policy(args.chunk_size)
-    repeats = check_int("repeats", args.repeats, 1, 1000)
+    repeats = number("repeats", args.repeats, int, ge=1, le=1000)
     text = read_prompt(args)
-    num_tokens = None if args.context_length is None else check_int("context_length", args.context_length, 1)
+    num_tokens = None if args.context_length is None else number("context_length", args.context_length, int, ge=1)
 
-    from .engine import Engine, Prompt
+    from engine.engine import Engine, Prompt
 
     config = engine_config(args)
     engine = Engine(config)
@@ -102,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
         "config": {
             "model": args.model,
             "family": engine.shape.family,
-            "parameters": engine.loaded.parameters,
-            "shape": engine.shape.to_dict(),
+            "parameters": engine.shape.parameters,
+            "shape": engine.shape.model_dump(),
             "attention": {"window": attention.window, "layout": attention.layout, "sinks": attention.sinks},
             "dtype": config.dtype,
             "attn_impl": config.attn_impl,
@@ -139,7 +133,8 @@ def format_report(report: dict) -> str:
         f"prompt    {report['context_length']} tokens, chunk {report['chunk_size']} ({report['decision_source']}) "
         f"-> {report['num_chunks']} chunks",
         *([f"fallback  {report['decision_reason']}"] if report["decision_reason"] else []),
-        f"memory    KV cache {report['kv_cache_bytes'] / 2**20:.1f} MiB, peak {report['peak_memory_bytes'] / 2**20:.0f} MiB",
+        f"memory    KV cache {report['kv_cache_bytes'] / 2**20:.1f} MiB, "
+        f"peak {report['peak_memory_bytes'] / 2**20:.0f} MiB",
         f"runtime   {rt['allocator']}; torch {rt['torch_version']}, transformers {rt['transformers_version']}",
         "",
         f"{'ms':<10}{'tokenize':>10}{'decide':>9}{'prefill':>11}{'decode':>9}{'TTFT':>11}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from chunkpilot.config import check_float, check_int
+from chunkpilot.contract import number
 
 HELP = "train the chunk-size model, log it and its baselines to MLflow, register a champion"
 
@@ -22,14 +22,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     params: dict = {}
     if args.n_estimators is not None:
-        params["num_boost_round"] = check_int("n_estimators", args.n_estimators, 1, 100_000)
+        params["num_boost_round"] = number("n_estimators", args.n_estimators, int, ge=1, le=100_000)
     if args.num_leaves is not None:
-        params["num_leaves"] = check_int("num_leaves", args.num_leaves, 2, 100_000)
+        params["num_leaves"] = number("num_leaves", args.num_leaves, int, ge=2, le=100_000)
     if args.learning_rate is not None:
-        params["learning_rate"] = check_float("learning_rate", args.learning_rate, 0, 1)
-    search_minutes = 0.0 if args.search_minutes is None else check_float("search_minutes", args.search_minutes, 0, 24 * 60)
+        params["learning_rate"] = number("learning_rate", args.learning_rate, float, gt=0, le=1)
+    search_minutes = (
+        0.0 if args.search_minutes is None else number("search_minutes", args.search_minutes, float, gt=0, le=24 * 60)
+    )
 
-    from .train import format_result, train
+    from training.train import format_result, train
 
     print(format_result(train(args.data, args.experiment, params, search_minutes)))
     return 0

@@ -1,0 +1,336 @@
+"""The one request contract: model shape, attention set-up, hardware and the request, as pydantic
+models whose bounds are stated once. The engine builds them, its client sends them, the service
+validates the same classes (a 422 naming the field), the profiler writes dataset rows from them,
+and the feature builder reads those rows. Light: no torch, no transformers, no lightgbm.
+
+Built in Python (by name, or positionally in field order like a dataclass), a bad value raises a
+ConfigError naming the field, which the CLI prints as one line."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+Family = Literal["llama", "mistral", "qwen2", "gemma3"]
+Layout = Literal["shift", "ring"]
+Dtype = Literal["float32", "bfloat16"]
+AttnImpl = Literal["sdpa", "eager"]
+FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl))
+MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
+MAX_CANDIDATES = 64
+# chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
+DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
+
+
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool)$|[A-Z\[\]'-]")  # pydantic's names for a union's members
+
+
+class ConfigError(ValueError):
+    """Bad user input: names the field and what is allowed (the CLI prints it as one line)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+    @classmethod
+    def of(cls, exc: ValidationError, field: str = "") -> ConfigError:
+        """pydantic's first error as one ConfigError: the field's dotted path and pydantic's message.
+        An unknown field goes first (a misspelt name explains the "missing" one); a union member of
+        the wrong type (`model` given as fields is not a preset name) last."""
+        errors = exc.errors(include_url=False)
+        error = min(errors, key=lambda e: (e["type"] != "extra_forbidden", e["type"].endswith("_type")))
+        path = [field] if field else []
+        path += [str(part) for part in error["loc"] if not _UNION_MEMBER.search(str(part))]
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, ConfigError):  # our own cross-field check names its field itself
+            return cls(".".join([*path, cause.field]), cause.message)
+        kind = error["type"]
+        message = {"missing": "is required", "extra_forbidden": "unknown field"}.get(kind, error["msg"])
+        if kind not in ("missing", "extra_forbidden"):
+            message += f"; got {error['input']!r}"
+        return cls(".".join(path) or "value", message)
+
+
+def number(
+    field: str,
+    value: Any,
+    kind: type[int] | type[float],
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """A CLI number (a string is fine) checked against pydantic bounds; the error shows the range."""
+    try:
+        bounded = Annotated[kind, Field(ge=ge, gt=gt, le=le, allow_inf_nan=False)]
+        return TypeAdapter(bounded).validate_python(value)
+    except ValidationError:
+        low = f"[{ge:g}" if ge is not None else f"({gt:g}"
+        allowed = f"in {low}, {le:g}]" if le is not None else f"{'>=' if ge is not None else '>'} {low[1:]}"
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(field, f"must be {what} {allowed}; got {value!r}") from None
+
+
+class Contract(BaseModel):
+    """Frozen and closed (unknown fields are errors), so equal requests hash alike."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, *args: Any, **data: Any) -> None:
+        if len(args) > len(type(self).model_fields):
+            raise TypeError(f"{type(self).__name__} takes at most {len(type(self).model_fields)} positional values")
+        data.update(zip(list(type(self).model_fields)[: len(args)], args, strict=True))  # positional, in order
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError.of(exc) from None
+
+
+class ModelShape(Contract):
+    """Everything about a decoder-only model that decides its prefill cost."""
+
+    family: Family
+    num_layers: int = Field(ge=1, le=1024)
+    hidden_size: int = Field(ge=1, le=65536)
+    num_heads: int = Field(ge=1, le=1024)
+    num_kv_heads: int = Field(ge=1, le=1024)
+    intermediate_size: int = Field(ge=1, le=1 << 20)
+    vocab_size: int = Field(ge=2, le=1 << 22)
+    head_dim: int | None = Field(default=None, ge=1, le=4096, description="None: hidden_size // num_heads")
+    max_position: int = Field(default=32768, ge=2, le=MAX_CONTEXT)
+    window: int | None = Field(default=None, ge=1, le=MAX_CONTEXT, description="the model's own sliding window")
+    global_every: int | None = Field(default=None, ge=1, le=1024, description="every k-th layer global, others local")
+    tie_embeddings: bool | None = Field(default=None, description="LM head shares the embeddings; None: gemma3 only")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelShape:
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ConfigError(
+                    "hidden_size", f"must be a multiple of num_heads ({self.num_heads}) unless head_dim is set"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("num_kv_heads", f"must divide num_heads ({self.num_heads}); got {self.num_kv_heads}")
+        if self.global_every is not None and self.global_every > self.num_layers:
+            raise ConfigError(
+                "global_every", f"must be in [1, num_layers ({self.num_layers})]; got {self.global_every}"
+            )
+        if self.tie_embeddings is None:
+            object.__setattr__(self, "tie_embeddings", self.family == "gemma3")
+        return self
+
+    @property
+    def parameters(self) -> int:
+        """Parameter count of the transformers model this shape builds (engine/models.py)."""
+        d, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = d * q + 2 * d * kv + q * d + 3 * d * self.intermediate_size + 2 * d  # attn, MLP, 2 norms
+        if self.family == "qwen2":
+            per_layer += q + 2 * kv  # q/k/v biases
+        if self.family == "gemma3":
+            per_layer += 2 * d + 2 * self.head_dim  # pre/post-feedforward norms, q/k norms
+        embeddings = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + d  # + final norm
+
+    @property
+    def local_layers(self) -> tuple[bool, ...]:
+        """Per layer: does a sliding window apply there (all layers unless interleaved)."""
+        every = self.global_every
+        return tuple(every is None or (i + 1) % every != 0 for i in range(self.num_layers))
+
+    @classmethod
+    def from_file(cls, path: Path) -> ModelShape:
+        """A JSON or YAML file holding `family` plus the shape fields."""
+        try:
+            text = path.read_text()
+            data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError("model", f"cannot read shape file {path}: {str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("model", f"shape file {path} must hold a mapping of shape fields")
+        return cls(**data)
+
+
+class AttentionConfig(Contract):
+    """How the prompt attends: full causal, or a sliding window kept in a KV layout, plus sinks."""
+
+    window: int | None = Field(default=None, ge=1, le=MAX_CONTEXT, description="sliding window; null: full attention")
+    layout: Layout = "shift"
+    sinks: int = Field(default=0, ge=0, le=4096, description="first tokens every query sees besides the window")
+
+    @model_validator(mode="after")
+    def _window_needed(self) -> AttentionConfig:
+        if self.window is None and self.sinks:
+            raise ConfigError("sinks", "needs a window (sinks are kept besides a sliding window)")
+        if self.window is None and self.layout == "ring":
+            raise ConfigError("layout", "ring needs a window (the ring holds the window's tokens)")
+        return self
+
+    def check_chunk(self, chunk_size: int) -> None:
+        """The ExecuTorch rule: a chunk must fit the ring, so chunk <= window."""
+        if self.layout == "ring" and self.window is not None and chunk_size > self.window:
+            raise ConfigError("chunk_size", f"ring layout needs chunk_size <= window ({self.window}); got {chunk_size}")
+
+    @property
+    def row_layout(self) -> str:
+        """The dataset's layout column: `none` without a window."""
+        return "none" if self.window is None else self.layout
+
+
+class Hardware(Contract):
+    """A machine already profiled (hardware_id), or its descriptors (both, as the engine sends)."""
+
+    hardware_id: str | None = Field(default=None, min_length=1, max_length=64)
+    matmul_gflops: float | None = Field(default=None, ge=0.01, le=1e7)
+    bandwidth_gbs: float | None = Field(default=None, ge=0.01, le=1e5)
+    call_overhead_ms: float | None = Field(default=None, ge=1e-4, le=1e4)
+    cores: int | None = Field(default=None, ge=1, le=1 << 16)
+    l2_cache_bytes: int = Field(default=0, ge=0, le=1 << 40)
+    l3_cache_bytes: int = Field(default=0, ge=0, le=1 << 40)
+
+    @property
+    def described(self) -> bool:
+        return None not in (self.matmul_gflops, self.bandwidth_gbs, self.call_overhead_ms, self.cores)
+
+    @model_validator(mode="after")
+    def _id_or_descriptors(self) -> Hardware:
+        if self.hardware_id is None and not self.described:
+            raise ConfigError("hardware_id", "give it, or matmul_gflops, bandwidth_gbs, call_overhead_ms and cores")
+        return self
+
+
+DESCRIPTORS = tuple(name for name in Hardware.model_fields if name != "hardware_id")
+
+
+class RequestFeatures(Contract):
+    """What a chunk-size policy may look at before a prefill."""
+
+    context_length: int = Field(ge=1, le=MAX_CONTEXT)
+    model: Annotated[str, Field(min_length=1, max_length=64)] | ModelShape = Field(
+        description="a preset name or the model's shape fields"
+    )
+    attention: AttentionConfig = AttentionConfig()
+    dtype: Dtype = "float32"
+    threads: int = Field(default=1, ge=1, le=1024)
+    attn_impl: AttnImpl = "sdpa"
+
+    @model_validator(mode="after")
+    def _known_preset(self) -> RequestFeatures:
+        if isinstance(self.model, str) and self.model not in PRESETS:
+            raise ConfigError("model", f"must be a preset ({', '.join(PRESETS)}) or shape fields; got {self.model!r}")
+        return self
+
+    @property
+    def shape(self) -> ModelShape:
+        return PRESETS[self.model] if isinstance(self.model, str) else self.model
+
+    @property
+    def max_chunk(self) -> int:
+        return max_chunk(self.context_length, self.attention.window, self.attention.layout)
+
+    def row(self, hardware: Mapping[str, Any]) -> dict[str, Any]:
+        """The dataset's config columns (the feature builder's input, less the chunk size): the profiler
+        writes them, the service builds them per request; `hardware` holds the DESCRIPTORS."""
+        shape, att = self.shape, self.attention
+        return {
+            "context_length": self.context_length,
+            "window": att.window or 0,
+            "layout": att.row_layout,
+            "sinks": att.sinks,
+            "global_every": shape.global_every or 0,
+            **shape.model_dump(include=SHAPE_COLUMNS),
+            "parameters": shape.parameters,
+            "tie_embeddings": shape.tie_embeddings,
+            "dtype": self.dtype,
+            "threads": self.threads,
+            "attn_impl": self.attn_impl,
+            **{name: hardware.get(name) or 0 for name in DESCRIPTORS},
+        }
+
+
+class ChunkRequest(RequestFeatures):
+    """The service's question: a request plus the machine, optionally the sizes to choose from."""
+
+    hardware: Hardware
+    candidates: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_CANDIDATES, description="chunk sizes to choose from"
+    )
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ChunkRequest:
+        """A dataset row as the request that asks about its config (the inverse of `row`)."""
+        shape = ModelShape(
+            family=row["family"],
+            **{name: row[name] for name in SHAPE_COLUMNS},
+            global_every=row["global_every"] or None,
+            tie_embeddings=row.get("tie_embeddings"),
+        )
+        window = int(row["window"]) or None
+        layout = "shift" if row["layout"] == "none" else row["layout"]
+        return cls(
+            context_length=row["context_length"],
+            model=shape,
+            attention=AttentionConfig(window=window, layout=layout, sinks=row["sinks"]),
+            dtype=row["dtype"],
+            threads=row["threads"],
+            attn_impl=row["attn_impl"],
+            hardware=Hardware(hardware_id=row.get("hardware_id"), **{name: row[name] for name in DESCRIPTORS}),
+        )
+
+
+# the shape fields a dataset row keeps as columns (the model's own window and positions do not
+# change the cost of a request; its attention set-up is the request's)
+SHAPE_COLUMNS = {
+    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size"
+}  # fmt: skip
+
+
+def hand_rule(context_length: int) -> int:
+    """The write-up's rule: the baseline to beat and the engine's fallback."""
+    if context_length <= 512:
+        return 512
+    if context_length <= 1536:
+        return 1024
+    return 1024 if context_length % 1024 == 0 else 768
+
+
+def max_chunk(context_length: int, window: int | None, layout: str) -> int:
+    """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
+    return min(context_length, window) if layout == "ring" and window else context_length
+
+
+def feasible_chunks(
+    sizes: tuple[int | str, ...], context_length: int, window: int | None, layout: str
+) -> tuple[list[int], list[str]]:
+    """(the sizes a config can run, sorted, `full` being the context; a reason for each other)."""
+    chosen: list[int] = []
+    skipped: list[str] = []
+    for size in sizes:
+        chunk = context_length if size == "full" else int(size)
+        if chunk > context_length:
+            skipped.append(f"{size}: larger than the context ({context_length})")
+        elif layout == "ring" and window and chunk > window:
+            skipped.append(f"{size}: ring layout needs chunk <= window ({window})")
+        elif chunk not in chosen:
+            chosen.append(chunk)
+    return sorted(chosen), skipped
+
+
+PRESETS: dict[str, ModelShape] = {
+    # Llama-style, full attention, MHA.
+    "llama-tiny": ModelShape("llama", 4, 256, 4, 4, 768, 4096),
+    # Mistral-style with its own sliding window, GQA 2:1 (the 44M model of the project's notes).
+    "mistral-44m": ModelShape("mistral", 12, 512, 8, 4, 1536, 6144, window=1024),
+    # Qwen2-style, aggressive GQA (8:1), small heads.
+    "qwen2-gqa": ModelShape("qwen2", 8, 512, 16, 2, 1408, 8192, head_dim=32),
+    # Gemma-3-style: 5 local (windowed) layers per global layer.
+    "gemma3-interleaved": ModelShape("gemma3", 12, 512, 8, 4, 1536, 8192, head_dim=64, window=512, global_every=6),
+    # Llama-style at ~110M parameters, for realism.
+    "llama-110m": ModelShape("llama", 12, 768, 12, 12, 2048, 16384),
+}

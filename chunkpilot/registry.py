@@ -1,0 +1,116 @@
+"""The registered model: its name and aliases, the promotion gate (the champion's recipe re-measured
+on the new run's held-out slices), registering a trained run, and reading a version back for the
+service. The one place that knows how a model sits in MLflow; mlflow is imported lazily."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .tracking import quiet_mlflow
+
+MODEL_NAME = "chunk-size-predictor"
+CHAMPION, CHALLENGER = "champion", "challenger"
+LEGACY = {"rule_margin": 0.0, "rank_with_ranker": False}  # what a recipe logged before these keys existed did
+RANKER = "ranker.lgb"  # beside the model: its order within a config combined with the model's levels
+HARDWARE = "hardware.json"  # the machines of the training data, by hardware_id
+
+
+@dataclass(frozen=True)
+class Verdict:
+    alias: str  # champion or challenger
+    reason: str
+    champion_version: str | None  # the champion it was compared with
+    champion_regret: float | None
+
+
+def judge(new_regret: float, champion: tuple[str, float] | None) -> Verdict:
+    """`champion` is (version, its mean regret re-measured on this run's slices) or None."""
+    if champion is None:
+        return Verdict(CHAMPION, "no champion yet", None, None)
+    version, regret = champion
+    same = "on the same held-out slices"
+    if new_regret < regret:
+        return Verdict(
+            CHAMPION, f"mean regret {new_regret:.4f} beats champion v{version}'s {regret:.4f} {same}", version, regret
+        )
+    return Verdict(
+        CHALLENGER,
+        f"mean regret {new_regret:.4f} does not beat champion v{version}'s {regret:.4f} {same}; champion kept",
+        version,
+        regret,
+    )
+
+
+def gate(client, new_regret: float, params: dict, remeasure: Callable[[dict], float]) -> Verdict:
+    """The promotion gate: the current champion's recipe scored on this run's slices by `remeasure`
+    (training is deterministic, so the same recipe scores the same and is not run again)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        version = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
+    except MlflowException:
+        return judge(new_regret, None)
+    recipe = {**LEGACY, **json.loads(client.get_run(version.run_id).data.params.get("lgbm_params", "{}"))}
+    return judge(new_regret, (version.version, new_regret if recipe == params else remeasure(recipe)))
+
+
+def register(client, version: str, verdict: Verdict, new_regret: float) -> None:
+    """Move the verdict's alias to the freshly logged `version` and record why."""
+    client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
+    client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
+    client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A registered version as files on this machine plus what its run recorded."""
+
+    version: str
+    run_id: str
+    model_file: Path  # LightGBM's text format, never a pickle
+    ranker_file: Path | None
+    hardware: dict
+    recipe: dict
+    rows: int
+    metrics: dict[str, float]
+
+
+def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION) -> Stored:
+    """`name@alias` downloaded from the store."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a model load, not a download to watch
+    with quiet_mlflow():
+        client = MlflowClient(tracking_uri=tracking_uri)
+        version = client.get_model_version_by_alias(name, alias)
+        mlflow.set_tracking_uri(tracking_uri)
+        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}"))
+        model_files = list(local.glob("*.lgb"))
+        if len(model_files) != 1:
+            raise ValueError(f"{name} v{version.version} holds no LightGBM text model (*.lgb)")
+
+        def artifact(path: str) -> Path:
+            return Path(
+                mlflow.artifacts.download_artifacts(
+                    run_id=version.run_id, artifact_path=path, tracking_uri=tracking_uri
+                )
+            )
+
+        run = client.get_run(version.run_id)
+        recipe = {**LEGACY, **json.loads(run.data.params.get("lgbm_params", "{}"))}
+        return Stored(
+            version=str(version.version),
+            run_id=version.run_id,
+            model_file=model_files[0],
+            ranker_file=artifact(RANKER) if recipe["rank_with_ranker"] else None,
+            hardware=json.loads(artifact(HARDWARE).read_text()),
+            recipe=recipe,
+            rows=int(run.data.params.get("rows", 0)),
+            metrics={k: v for k, v in run.data.metrics.items() if not math.isnan(v)},
+        )
