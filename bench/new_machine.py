@@ -15,7 +15,7 @@ import copy
 from pathlib import Path
 
 from training.data import load_table
-from training.metrics import records, summarize
+from training.metrics import records, summarize_regret
 from training.policies import DEFAULT_PARAMS, FixedChunk, HandRule, TTFTRegressor, variants
 
 
@@ -44,7 +44,7 @@ def main() -> None:
         for label, train in (("before", old), ("after", [*old, *profiled])):
             fitted = copy.copy(policy)
             fitted.fit(table.subset(train))
-            m = summarize(records(test, fitted.choose(test)))
+            m = summarize_regret(records(test, fitted.choose(test)))
             mape = f"{m['mape']:>8.1%}" if m["mape"] == m["mape"] else f"{'':>8}"
             print(
                 f"{policy.name:<18}{label:>8}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['within_5pct']:>10.0%}{mape}",

@@ -45,7 +45,7 @@ def in_process(n: int) -> None:
     from chunkpilot.contract import ChunkRequest
     from chunkpilot.registry import CHAMPION, MODEL_NAME
     from chunkpilot.tracking import tracking_uri
-    from predictor.model import DecisionCache, load_predictor
+    from predictor.model import AnswerCache, load_predictor
 
     predictor = load_predictor(tracking_uri(), MODEL_NAME, CHAMPION)
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
@@ -57,7 +57,7 @@ def in_process(n: int) -> None:
         predictor.decide(r)
         times.append((time.perf_counter() - t0) * 1e3)
     print(f"in-process, model every time             {percentiles(times)}")
-    cache, times = DecisionCache(4096), []
+    cache, times = AnswerCache(4096), []
     for r in requests * 2:  # the second pass hits the cache
         t0 = time.perf_counter()
         key = r.model_dump_json()

@@ -23,7 +23,7 @@ import pandas as pd
 from profiler.plan import space_filling_order
 from profiler.spec import Spec
 from training.data import Table, load_table
-from training.metrics import records, summarize
+from training.metrics import records, summarize_regret
 from training.policies import BestFixed, FixedChunk, HandRule, TTFTRegressor
 
 
@@ -40,7 +40,7 @@ def measured_minutes(table: Table) -> pd.Series:
 def evaluate(policy, train: Table | None, test: Table) -> dict[str, float]:
     if train is not None:
         policy.fit(train)
-    return summarize(records(test, policy.choose(test)))
+    return summarize_regret(records(test, policy.choose(test)))
 
 
 def main() -> None:

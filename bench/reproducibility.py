@@ -17,6 +17,7 @@ process-to-process difference the engine's set-up is responsible for.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -60,24 +61,21 @@ def worker(args: argparse.Namespace) -> None:
 
     from chunkpilot.contract import AttentionConfig
     from engine.engine import Engine, EngineConfig, Prompt
+    from engine.measure import interleaved
     from engine.policy import parse_policy
 
     engine = Engine(EngineConfig(model=args.model, threads=args.threads))
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     texts = {n: engine.prompt_text(Prompt(num_tokens=n)) for n, _, _ in configs(args)}
-    runs: dict[tuple, list[tuple[float, float]]] = {c: [] for c in configs(args)}
-    for repeat in range(args.repeats + 1):  # pass 0 is the warm-up
-        for n, window, chunk in runs:
-            calib = calibration_ms(a, b)
-            result = engine.run(texts[n], n, AttentionConfig(window=window), parse_policy(chunk))
-            if repeat:
-                runs[(n, window, chunk)].append((result.ttft_ms, calib))
-            print(
-                f"  pass {repeat}/{args.repeats}: {n} tokens, window {window}, chunk {chunk}: "
-                f"{result.ttft_ms:.0f} ms (burst {calib:.0f} ms)",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def timed(n: int, window: int | None, chunk: str) -> tuple[float, float]:
+        calib = calibration_ms(a, b)
+        result = engine.run(texts[n], n, AttentionConfig(window=window), parse_policy(chunk))
+        print(f"  {n} tokens, window {window}, chunk {chunk}: {result.ttft_ms:.0f} ms (burst {calib:.0f} ms)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return result.ttft_ms, calib
+
+    runs = interleaved({c: functools.partial(timed, *c) for c in configs(args)}, args.repeats)
     out = {
         "allocator": engine.runtime.allocator,
         "raw": {json.dumps(c): statistics.median(t for t, _ in v) for c, v in runs.items()},

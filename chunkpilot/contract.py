@@ -234,6 +234,9 @@ class RequestFeatures(Contract):
     def max_chunk(self) -> int:
         return max_chunk(self.context_length, self.attention.window, self.attention.layout)
 
+    def fit(self, chunk: int) -> int:
+        return min(chunk, self.max_chunk)
+
     def row(self, hardware: Mapping[str, Any]) -> dict[str, Any]:
         """The dataset's config columns (the feature builder's input, less the chunk size): the profiler
         writes them, the service builds them per request; `hardware` holds the DESCRIPTORS."""
@@ -303,6 +306,12 @@ def hand_rule(context_length: int) -> int:
 def max_chunk(context_length: int, window: int | None, layout: str) -> int:
     """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
     return min(context_length, window) if layout == "ring" and window else context_length
+
+
+def fit_chunk(chunk: int, context_length: int, window: int | None, layout: str) -> int:
+    """`chunk` cut to what the config allows: how the engine applies a fixed size, the hand rule or
+    a cached answer, and how training and the profiler's summary score them."""
+    return min(chunk, max_chunk(context_length, window, layout))
 
 
 def feasible_chunks(

@@ -33,7 +33,7 @@ class StepMasks:
 
     query_positions: torch.Tensor  # [Q]
     layers: list  # the cache's layers, read after each layer's update
-    kernel: str
+    attn_impl: str
     dtype: torch.dtype
     _built: dict[type, torch.Tensor | None] = field(default_factory=dict)
 
@@ -47,7 +47,7 @@ class StepMasks:
     def _build(self, layer) -> torch.Tensor | None:
         q, k = self.query_positions, layer.key_positions
         no_history = k.shape[0] == q.shape[0]  # keys are always the chunk plus whatever history is kept
-        if self.kernel == "sdpa" and no_history and (layer.window is None or q.shape[0] <= layer.window):
+        if self.attn_impl == "sdpa" and no_history and (layer.window is None or q.shape[0] <= layer.window):
             return None  # plain causal: sdpa's is_causal path is about 2x faster than any mask
         allowed = visible(q, k, layer.window, layer.sinks.size)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=q.device)
@@ -58,7 +58,7 @@ class StepMasks:
 def chunk_attention(module, query, key, value, attention_mask, *, chunk_step: StepMasks, **kwargs):
     """Registered as `chunkpilot`: the step's mask, then transformers' sdpa or the model's eager."""
     mask = chunk_step.for_layer(module.layer_idx)
-    if chunk_step.kernel == "sdpa":
+    if chunk_step.attn_impl == "sdpa":
         return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
     # each modeling file defines its own eager function (Gemma's adds soft-capping): use the model's
     eager = sys.modules[type(module).__module__].eager_attention_forward

@@ -83,20 +83,10 @@ class Measurement:
         return {name: statistics.median(getattr(r, name) for r in self.runs) for name in TIMING_FIELDS}
 
     def to_dict(self) -> dict:
-        first = self.runs[0]
-        return {
-            "context_length": first.context_length,
-            "chunk_size": first.chunk_size,
-            "num_chunks": first.num_chunks,
-            "decision_source": first.decision_source,
-            "decision_model_version": first.decision_model_version,
-            "decision_reason": first.decision_reason,
-            "first_token": first.first_token,
-            "kv_cache_bytes": first.kv_cache_bytes,
-            "peak_memory_bytes": max(r.peak_memory_bytes for r in self.runs),
-            "median": self.median,
-            "repeats": [r.to_dict() for r in self.runs],
-        }
+        """The first run's request and decision fields, the medians, and every repeat."""
+        shared = {k: v for k, v in self.runs[0].to_dict().items() if k not in (*TIMING_FIELDS, "chunk_ms")}
+        peak = max(r.peak_memory_bytes for r in self.runs)
+        return {**shared, "peak_memory_bytes": peak, "median": self.median, "repeats": [r.to_dict() for r in self.runs]}
 
 
 class Engine:

@@ -31,7 +31,7 @@ class FixedPolicy:
 
     def choose(self, request: RequestFeatures) -> Decision:
         if self.capped:
-            return Decision(min(self.size, request.max_chunk), "fixed")
+            return Decision(request.fit(self.size), "fixed")
         request.attention.check_chunk(self.size)
         return Decision(self.size, "fixed")
 
@@ -54,7 +54,7 @@ class RulePolicy:
     name: str = "rule"
 
     def choose(self, request: RequestFeatures) -> Decision:
-        return Decision(min(hand_rule(request.context_length), request.max_chunk), "rule")
+        return Decision(request.fit(hand_rule(request.context_length)), "rule")
 
 
 def parse_policy(value: str | int) -> ChunkPolicy:

@@ -109,7 +109,7 @@ class AutoPolicy:
         key = bucket(request)
         cached = self.answers.get((self.version, key))
         if cached is not None and time.monotonic() - cached[1] < self.cache_ttl_s:
-            return Decision(min(cached[0], request.max_chunk), "cache", self.version)
+            return Decision(request.fit(cached[0]), "cache", self.version)
         if not self.breaker.allows():
             return fall_back(
                 request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"

@@ -17,10 +17,12 @@ def clock_ms(device: torch.device) -> float:
     return time.perf_counter() * 1e3
 
 
-def forward_step(model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, start: int, kernel: str) -> torch.Tensor:
+def forward_step(
+    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, start: int, attn_impl: str
+) -> torch.Tensor:
     """`ids` [1, C] at positions start..start+C-1 -> logits of the last position [1, V]."""
     positions = torch.arange(start, start + ids.shape[1], device=ids.device)  # [C]
-    step = StepMasks(positions, cache.layers, kernel, model.dtype)
+    step = StepMasks(positions, cache.layers, attn_impl, model.dtype)
     out = model(
         input_ids=ids,
         position_ids=positions[None],
@@ -33,19 +35,19 @@ def forward_step(model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, s
 
 
 def prefill(
-    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, chunk_size: int, kernel: str
+    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, chunk_size: int, attn_impl: str
 ) -> tuple[torch.Tensor, list[float]]:
     """The prompt `ids` [1, N] in chunks -> (logits of position N-1 [1, V], each chunk's ms)."""
     chunk_ms = []
     for start in range(0, ids.shape[1], chunk_size):
         t0 = clock_ms(ids.device)
-        logits = forward_step(model, cache, ids[:, start : start + chunk_size], start, kernel)
+        logits = forward_step(model, cache, ids[:, start : start + chunk_size], start, attn_impl)
         chunk_ms.append(clock_ms(ids.device) - t0)
     return logits, chunk_ms
 
 
 def decode_one_token(
-    model: PreTrainedModel, cache: ChunkCache, token: torch.Tensor, position: int, kernel: str
+    model: PreTrainedModel, cache: ChunkCache, token: torch.Tensor, position: int, attn_impl: str
 ) -> torch.Tensor:
     """The first decode step: the first generated token [1] at `position` -> next logits [1, V]."""
-    return forward_step(model, cache, token.view(1, 1), position, kernel)
+    return forward_step(model, cache, token.view(1, 1), position, attn_impl)

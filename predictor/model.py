@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import lightgbm as lgb
 
 from chunkpilot import registry
-from chunkpilot.contract import DEFAULT_CHUNKS, ChunkRequest, Hardware, feasible_chunks, hand_rule, max_chunk
+from chunkpilot.choice import pick
+from chunkpilot.contract import DEFAULT_CHUNKS, ChunkRequest, Hardware, feasible_chunks, fit_chunk, hand_rule, max_chunk
+from chunkpilot.features import base_log_ms, build
 
-from .choice import pick
-from .features import base_log_ms, build
 from .schemas import Candidate
 
 TOP = 5  # candidates returned with their predictions
@@ -30,7 +30,9 @@ class Infeasible(ValueError):
 
 
 @dataclass(frozen=True)
-class Decision:
+class Answer:
+    """The service's answer to one request; the engine turns it into its own `Decision`."""
+
     chunk_size: int
     predicted_ttft_ms: float
     top: list[Candidate]
@@ -81,10 +83,10 @@ class Predictor:
             raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}", "no_feasible_candidate")
         return chosen
 
-    def decide(self, request: ChunkRequest) -> Decision:
+    def decide(self, request: ChunkRequest) -> Answer:
         n, att = request.context_length, request.attention
         chunks = self.candidates(request)
-        rule = min(hand_rule(n), max_chunk(n, att.window, att.layout))
+        rule = fit_chunk(hand_rule(n), n, att.window, att.layout)
         sizes = chunks + ([rule] if rule not in chunks else [])
         hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
         x = build({**request.row(hw), "chunk_size": sizes})  # one config, one row per candidate
@@ -97,7 +99,7 @@ class Predictor:
         score = None if self.ranker is None else self.ranker.predict(x[: len(chunks)], num_threads=1).tolist()
         best, _ = pick(log_ms[: len(chunks)], score, chunks.index(rule) if rule in chunks else None, self.rule_margin)
         rule_ms = ms[sizes.index(rule)]
-        return Decision(
+        return Answer(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
             top=[Candidate(chunk_size=chunks[i], predicted_ttft_ms=ms[i]) for i in order[:TOP]],
@@ -106,19 +108,19 @@ class Predictor:
         )
 
 
-class DecisionCache:
+class AnswerCache:
     """A small LRU over requests (their canonical JSON): repeated shapes of traffic skip the model."""
 
     def __init__(self, size: int) -> None:
         self.size, self.entries = size, OrderedDict()
 
-    def get(self, key: str) -> Decision | None:
+    def get(self, key: str) -> Answer | None:
         if key in self.entries:
             self.entries.move_to_end(key)
             return self.entries[key]
         return None
 
-    def put(self, key: str, decision: Decision) -> None:
+    def put(self, key: str, decision: Answer) -> None:
         self.entries[key] = decision
         if len(self.entries) > self.size:
             self.entries.popitem(last=False)

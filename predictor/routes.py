@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from chunkpilot.contract import ChunkRequest
 
-from .model import Decision
+from .model import Answer
 from .schemas import BatchRequest, BatchResponse, ChunkResponse
 from .service import ServiceState
 
@@ -35,7 +35,7 @@ router = APIRouter()
 admin = APIRouter()
 
 
-def _response(decision: Decision, source: str) -> ChunkResponse:
+def _response(decision: Answer, source: str) -> ChunkResponse:
     return ChunkResponse(
         chunk_size=decision.chunk_size,
         predicted_ttft_ms=decision.predicted_ttft_ms,

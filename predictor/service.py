@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from chunkpilot.contract import ChunkRequest
 
-from .model import Decision, DecisionCache, Predictor, load_predictor
+from .model import Answer, AnswerCache, Predictor, load_predictor
 from .settings import Settings
 
 
@@ -40,13 +40,13 @@ class ServiceState:
     settings: Settings
     metrics: ServiceMetrics
     predictor: Predictor | None = None
-    cache: DecisionCache = field(init=False)
+    cache: AnswerCache = field(init=False)
     not_ready: str = "no model loaded yet"
     last_error: str | None = None  # the last failed load, shown by /readyz even while an old model serves
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.cache = DecisionCache(self.settings.cache_size)
+        self.cache = AnswerCache(self.settings.cache_size)
 
     def load(self, force: bool = False) -> str:
         """Load name@alias; swap it in if it differs from what serves (or `force`). Returns what happened."""
@@ -64,13 +64,13 @@ class ServiceState:
                 return reason
             if self.predictor is not None and loaded.version == self.predictor.version and not force:
                 return f"version {loaded.version} already serving"
-            self.predictor, self.cache, self.last_error = loaded, DecisionCache(s.cache_size), None
+            self.predictor, self.cache, self.last_error = loaded, AnswerCache(s.cache_size), None
             self.not_ready = ""
             self.metrics.model_version.set(float(loaded.version))
             self.metrics.reloads.labels("swapped").inc()
             return f"serving version {loaded.version}"
 
-    def decide(self, request: ChunkRequest) -> tuple[Decision, str]:
+    def decide(self, request: ChunkRequest) -> tuple[Answer, str]:
         predictor, cache = self.predictor, self.cache  # one consistent pair, even during a swap
         key = request.model_dump_json()
         hit = cache.get(key)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkpilot.contract import PRESETS, ConfigError, ModelShape
+from chunkpilot.features import keys_sum, linear_flops
 
 from .spec import ProfileConfig
 
@@ -36,19 +37,14 @@ def known_shape(model: str) -> ModelShape:
 
 
 def config_cost(config: ProfileConfig, shape: ModelShape, chunks: list[int], passes: int) -> tuple[float, float]:
-    """(FLOPs, forward calls) to run every candidate `passes` times: projections and attention
-    (keys limited by the window), and the calls that carry a fixed overhead each."""
-    d, heads, kv, hd = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim
-    per_token = 2 * shape.num_layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * shape.intermediate_size)
-    n, window = config.context_length, config.window
-    flops = calls = 0.0
-    for c in chunks:
-        for start in range(0, n, c):
-            q = min(c, n - start)
-            keys = start + q if window is None else min(start + q, window + q)
-            flops += per_token * q + 4 * shape.num_layers * heads * hd * q * keys
-            calls += 1
-    return flops * passes, calls * passes
+    """(FLOPs, forward calls) to run every candidate `passes` times: the feature builder's analytic
+    terms (projections, attention with keys limited by the window) and one call per chunk."""
+    n, window, layers = config.context_length, config.window or math.inf, shape.num_layers
+    linear = linear_flops(n, layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                          shape.intermediate_size)  # fmt: skip
+    attention = [4 * layers * shape.num_heads * shape.head_dim * float(keys_sum(n, c, window)) for c in chunks]
+    calls = sum(math.ceil(n / c) for c in chunks)
+    return (linear * len(chunks) + sum(attention)) * passes, calls * passes
 
 
 def space_filling_order(configs: list[ProfileConfig]) -> list[ProfileConfig]:

@@ -30,7 +30,7 @@ class ReproRow:
         return self.old_best == self.new_best or self.tie
 
 
-def compare(key: str, old: dict[int, float], new: dict[int, float], new_cv: dict[int, float]) -> ReproRow:
+def repro_row(key: str, old: dict[int, float], new: dict[int, float], new_cv: dict[int, float]) -> ReproRow:
     old_best, new_best = min(old, key=old.get), min(new, key=new.get)
     tolerance = max(MIN_TIE, 2 * max(new_cv[old_best], new_cv[new_best]))
     tie = new[old_best] <= new[new_best] * (1 + tolerance)
@@ -54,7 +54,7 @@ def check_reproducibility(spec: Spec, out: Path, sample: int) -> list[ReproRow]:
             old = dataset[dataset.config_key == key]
             new = worker.measure(by_key[key])
             rows.append(
-                compare(
+                repro_row(
                     key,
                     dict(zip(old.chunk_size, old.ttft_ms, strict=True)),
                     dict(zip(new.chunk_size, new.ttft_ms, strict=True)),

@@ -6,10 +6,10 @@ import math
 
 import pandas as pd
 
-from chunkpilot.contract import hand_rule, max_chunk
+from chunkpilot.contract import fit_chunk, hand_rule
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
     """One row per config: best chunk and TTFT, worst/best, and the regret (TTFT / best - 1) of
     fixed 1024 and of the hand rule, each cut to what the config allows as the engine does."""
     rows = []
@@ -17,10 +17,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         ttft = dict(zip(group["chunk_size"], group["ttft_ms"], strict=True))
         first = group.iloc[0]
         n, window = int(first["context_length"]), int(first["window"])  # 0: no window
-        limit = max_chunk(n, window or None, first["layout"])
         best_chunk = min(ttft, key=ttft.get)
         best = ttft[best_chunk]
-        fixed, rule = min(1024, limit), min(hand_rule(n), limit)
+        fixed, rule = (fit_chunk(c, n, window or None, first["layout"]) for c in (1024, hand_rule(n)))
         rows.append(
             {
                 "config_key": key,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from predictor.choice import pick
+from chunkpilot.choice import pick
 
 
 def test_levels_alone_take_the_argmin():

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ConfigError, ModelShape
-from predictor.features import INPUT_COLUMNS, build
+from chunkpilot.features import INPUT_COLUMNS, build
 from predictor.model import resolve_hardware
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "ttft" / "cpu-shipped"

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predictor.features import FEATURES, INPUT_COLUMNS, MONOTONE, build, keys_sum
+from chunkpilot.features import FEATURES, INPUT_COLUMNS, MONOTONE, build, keys_sum
 
 
 def keys_sum_loop(n: int, c: int, window: float) -> float:
@@ -104,7 +104,7 @@ def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every,
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(1, 20000), c=st.integers(1, 5000), window=st.one_of(st.just(math.inf), st.integers(1, 8192)))
 def test_history_sum_closed_form_equals_the_loop(n, c, window):
-    from predictor.features import history_sum
+    from chunkpilot.features import history_sum
 
     c = min(c, n)
     expected = sum(min(start, window) for start in range(0, n, c))

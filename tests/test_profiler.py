@@ -20,7 +20,7 @@ from chunkpilot.contract import ConfigError
 from profiler.plan import space_filling_order
 from profiler.spec import ProfileConfig, Spec
 from profiler.store import COLUMNS, OPTIONAL, DataError, finished_keys, read_dataset, read_file, validate, write_config
-from profiler.summary import summarize
+from profiler.summary import summarize_configs
 
 TINY = {
     "name": "tiny",
@@ -228,7 +228,7 @@ def test_summary_regrets_match_a_hand_computation():
             fixture_rows("b", 2048, {128: 90.0, 256: 80.0, 512: 120.0}, window=512, layout="ring"),
         ]
     )
-    s = summarize(df).set_index("config_key")
+    s = summarize_configs(df).set_index("config_key")
     assert s.loc["a", "best_chunk"] == 768 and s.loc["a", "regret_1024"] == pytest.approx(0.10)
     assert s.loc["a", "rule_chunk"] == 768 and s.loc["a", "regret_rule"] == 0
     assert s.loc["a", "worst_over_best"] == pytest.approx(1.5)
@@ -344,13 +344,13 @@ def test_check_repro_remeasures_in_a_fresh_process(tmp_path, capsys):
 
 
 def test_repro_comparison_counts_ties_within_the_noise():
-    from profiler.repro import compare
+    from profiler.repro import repro_row
 
-    same = compare("k", {64: 10.0, 128: 12.0}, {64: 11.0, 128: 13.0}, {64: 0.01, 128: 0.01})
+    same = repro_row("k", {64: 10.0, 128: 12.0}, {64: 11.0, 128: 13.0}, {64: 0.01, 128: 0.01})
     assert same.agrees and not same.tie and same.ratio == pytest.approx((1.1 + 13 / 12) / 2)
-    tie = compare("k", {64: 10.0, 128: 10.1}, {64: 10.1, 128: 10.0}, {64: 0.01, 128: 0.01})
+    tie = repro_row("k", {64: 10.0, 128: 10.1}, {64: 10.1, 128: 10.0}, {64: 0.01, 128: 0.01})
     assert tie.agrees and tie.tie
-    flip = compare("k", {64: 10.0, 128: 12.0}, {64: 14.0, 128: 10.0}, {64: 0.01, 128: 0.01})
+    flip = repro_row("k", {64: 10.0, 128: 12.0}, {64: 14.0, 128: 10.0}, {64: 0.01, 128: 0.01})
     assert not flip.agrees
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import lightgbm as lgb
 import numpy as np
 
-from predictor.features import FEATURES
+from chunkpilot.features import FEATURES
 
 from .data import Table
 from .policies import DEFAULT_PARAMS, Choice, argmin_per_group, quiet_lgb

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from predictor.features import INPUT_COLUMNS, build
+from chunkpilot.features import INPUT_COLUMNS, build
 from profiler.store import DataError, read_dataset
 
 CONFIG_COLUMNS = (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from .data import Table
-from .metrics import METRICS, records, summarize
+from .metrics import METRICS, records, summarize_regret
 from .slices import Fold
 
 
@@ -42,7 +42,7 @@ def cross_validate(
 
 def slice_metrics(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Per slice, and `all`: each metric averaged over the slices (every slice weighs the same)."""
-    per = {name: summarize(sub) for name, sub in frame.groupby("slice", sort=False)}
+    per = {name: summarize_regret(sub) for name, sub in frame.groupby("slice", sort=False)}
     per["all"] = {m: float(pd.Series([v[m] for v in per.values()]).mean()) for m in METRICS}
     return per
 

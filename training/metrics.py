@@ -49,7 +49,7 @@ def _saved(frame: pd.DataFrame, reference: str) -> float:
     return float((frame[reference] - frame.ttft_chosen).sum() / possible) if possible > 0 else 1.0
 
 
-def summarize(frame: pd.DataFrame) -> dict[str, float]:
+def summarize_regret(frame: pd.DataFrame) -> dict[str, float]:
     return {
         "mean_regret": float(frame.regret.mean()),
         "p95_regret": float(frame.regret.quantile(0.95)),

@@ -12,9 +12,9 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.contract import hand_rule, max_chunk
-from predictor.choice import pick
-from predictor.features import FEATURES, MONOTONE, base_log_ms, history_sum, keys_sum
+from chunkpilot.choice import pick
+from chunkpilot.contract import fit_chunk, hand_rule
+from chunkpilot.features import FEATURES, MONOTONE, base_log_ms, history_sum, keys_sum
 
 from .data import Table
 
@@ -55,7 +55,7 @@ def closest_measured(candidates: np.ndarray, chunk: int) -> int:
 def limited(rows: pd.DataFrame, chunk: int) -> int:
     """A fixed choice cut to what the config allows (ring: <= window; <= context), as the engine does."""
     first = rows.iloc[0]
-    return min(chunk, max_chunk(int(first.context_length), int(first.window) or None, first.layout))
+    return fit_chunk(chunk, int(first.context_length), int(first.window) or None, first.layout)
 
 
 def rule_chunk(rows: pd.DataFrame) -> int:
@@ -278,7 +278,7 @@ class TTFTRegressor:
 def choose_per_group(
     test: Table, level: np.ndarray, score: np.ndarray | None, margin: Callable[[np.ndarray, int, int], float]
 ) -> Choice:
-    """predictor.choice.pick for every held-out config; `margin(rows, argmin, rule)` (positions
+    """chunkpilot.choice.pick for every held-out config; `margin(rows, argmin, rule)` (positions
     within the config) gives its rule margin."""
     chunks, deferred = {}, set()
     for g, r in test.rows.groupby("group", sort=False):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from chunkpilot import registry
+from chunkpilot.features import FEATURES
 from chunkpilot.registry import Verdict
 from chunkpilot.tracking import quiet_mlflow, use_experiment
-from predictor.features import FEATURES
 from profiler.store import LISTS, DataError
 
 from . import plots
@@ -80,7 +80,7 @@ def _log_model(
             "role": "model",
             "policy": "lgbm-regressor",
             "promotion": verdict.reason,
-            "target": "log(ttft_ms) - predictor.features.base_log_ms(features)",
+            "target": "log(ttft_ms) - chunkpilot.features.base_log_ms(features)",
         }
     )
     mlflow.log_params(

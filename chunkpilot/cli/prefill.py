@@ -18,7 +18,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="mistral-44m", help="preset, checkpoint folder or JSON/YAML shape file")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--threads", help="torch threads (default: every core)")
-    parser.add_argument("--attn", default="sdpa", choices=ATTN_IMPLS, help="attention kernel")
+    parser.add_argument("--attn-impl", "--attn", default="sdpa", choices=ATTN_IMPLS, help="attention implementation")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", default="0", help="seed of random weights (presets and shape files)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (the warm-up compiles)")
@@ -69,7 +69,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace):
     from engine.engine import EngineConfig
 
-    return EngineConfig(args.model, args.dtype, args.threads, args.attn, args.device, args.seed, args.compile)
+    return EngineConfig(args.model, args.dtype, args.threads, args.attn_impl, args.device, args.seed, args.compile)
 
 
 def attention_config(args: argparse.Namespace, model_window: int | None) -> AttentionConfig:

@@ -41,14 +41,14 @@ def run(args: argparse.Namespace) -> int:
 
     from profiler.run import log_run, run_profile
     from profiler.store import read_dataset
-    from profiler.summary import format_summary, summarize
+    from profiler.summary import format_summary, summarize_configs
 
     report = run_profile(spec, args.out, budget)
     if not report.measured and not report.already_done:
         print("nothing measured yet", file=sys.stderr)
         return 130 if report.interrupted else 0
     dataset = read_dataset(report.directory)  # this machine's rows: another's share the config keys
-    print(format_summary(summarize(dataset)))
+    print(format_summary(summarize_configs(dataset)))
     print(
         f"{len(report.measured)} configs measured in {report.seconds / 60:.1f} min, {report.already_done} were done, "
         f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "

@@ -57,6 +57,12 @@ def keys_sum(n: Num, c: Num, window: Num) -> Num:
     return c * c * full + c * starts + last * (np.minimum((m - 1) * c, window) + last)
 
 
+def linear_flops(tokens: Num, layers: Num, d: Num, heads: Num, kv: Num, hd: Num, ff: Num) -> Num:
+    """Projections and MLP over `tokens` tokens: 2 FLOPs per weight per token (the profiler's time
+    model uses it too)."""
+    return 2 * tokens * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
+
+
 def history_sum(n: Num, c: Num, window: Num) -> Num:
     """Sum over chunks of the history each chunk attends to, min(start, window). Closed form."""
     window = np.minimum(window, n)
@@ -103,7 +109,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
 
     m = np.ceil(n / c)
     d, ff = f["hidden_size"], f["intermediate_size"]
-    linear = 2 * n * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
+    linear = linear_flops(n, layers, d, heads, kv, hd, ff)
     attention = 4 * heads * hd * (_attended(local_layers, n, c, window) + _attended(global_layers, n, c, np.inf))
     kept = _where(has_window, np.minimum(n, window + f["sinks"]), n)
     kv_bytes = 2 * layers * kv * hd * kept * dtype_bytes
