@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +25,7 @@ AttnImpl = Literal["sdpa", "eager"]
 FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl))
 MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
 MAX_CANDIDATES = 64
+MAX_MS = 3.6e6  # an hour: the longest time any part accepts
 # chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
 DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
 
@@ -285,6 +287,41 @@ class ChunkRequest(RequestFeatures):
             attn_impl=row["attn_impl"],
             hardware=Hardware(hardware_id=row.get("hardware_id"), **{name: row[name] for name in DESCRIPTORS}),
         )
+
+
+class Outcome(Contract):
+    """One prefill the engine ran under `auto`, as it reports it (telemetry): the request, the
+    chosen chunk and where the choice came from, and what it measured."""
+
+    request: ChunkRequest
+    chunk_size: int = Field(ge=1, le=MAX_CONTEXT)
+    source: Literal["service", "cache", "in-process", "fallback"]
+    model_version: str | None = Field(default=None, max_length=32)
+    explored: bool = False  # the service answered a candidate other than its argmin
+    tokenize_ms: float = Field(ge=0, le=MAX_MS)
+    prefill_ms: float = Field(gt=0, le=MAX_MS)
+    first_decode_ms: float = Field(gt=0, le=MAX_MS)
+    ttft_ms: float = Field(gt=0, le=MAX_MS)
+    chunk_ms: list[Annotated[float, Field(gt=0, le=MAX_MS)]] = Field(min_length=1, max_length=MAX_CONTEXT)
+    finished_at: datetime
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Outcome:
+        n, c = self.request.context_length, self.chunk_size
+        if c > self.request.max_chunk:
+            raise ConfigError("chunk_size", f"must be <= {self.request.max_chunk} for this request; got {c}")
+        if not self.request.hardware.described:
+            raise ConfigError("hardware", "needs the machine's descriptors (its id alone may be unknown)")
+        if len(self.chunk_ms) != -(-n // c):
+            raise ConfigError("chunk_ms", f"needs {-(-n // c)} chunk times for {n} tokens in chunks of {c}")
+        if sum(self.chunk_ms) > self.prefill_ms * 1.05 + 1:  # the chunks run inside the prefill
+            raise ConfigError(
+                "chunk_ms", f"sum to {sum(self.chunk_ms):.1f} ms, more than the prefill's {self.prefill_ms:.1f}"
+            )
+        parts = self.tokenize_ms + self.prefill_ms + self.first_decode_ms
+        if not parts <= self.ttft_ms * 1.05 + 1 or self.ttft_ms > 2 * parts + 100:  # + the decision's time
+            raise ConfigError("ttft_ms", f"{self.ttft_ms:.1f} ms contradicts its parts ({parts:.1f} ms)")
+        return self
 
 
 # the shape fields a dataset row keeps as columns (the model's own window and positions do not

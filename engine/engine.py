@@ -130,7 +130,8 @@ class Engine:
         ids = torch.tensor([self.tokenizer.encode(text).ids[:max_tokens]], device=self.device)  # [1, N]
         t1 = clock_ms(self.device)
         n = self.check_context(ids.shape[1])
-        decision = policy.choose(self.features(n, attention))
+        request = self.features(n, attention)
+        decision = policy.choose(request)
         chunk = min(decision.chunk_size, n)
         t2 = clock_ms(self.device)
         cache = ChunkCache(self.shape.local_layers, attention)
@@ -139,7 +140,7 @@ class Engine:
         t3 = clock_ms(self.device)
         decode_one_token(self.model, cache, first, n, self.config.attn_impl)
         t4 = clock_ms(self.device)
-        return TTFTResult(
+        result = TTFTResult(
             context_length=n,
             chunk_size=chunk,
             num_chunks=len(chunk_ms),
@@ -157,6 +158,9 @@ class Engine:
             peak_memory_bytes=runtime.peak_memory_bytes(self.device),
             first_logits=logits[0].float(),
         )
+        if hasattr(policy, "observe"):  # a learning policy hears how its choice went (after the clock)
+            policy.observe(request, result)
+        return result
 
     def measure(
         self, prompt: Prompt, attention: AttentionConfig, policy: ChunkPolicy, repeats: int = 3, warmup: int = 1

@@ -10,6 +10,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -17,6 +18,10 @@ from chunkpilot.contract import ChunkRequest, Hardware, RequestFeatures
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
 from .policy import Decision, RulePolicy
+from .telemetry import Reporter, outcome
+
+if TYPE_CHECKING:
+    from .engine import TTFTResult
 
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
 
@@ -90,13 +95,29 @@ class Breaker:
         return self.opened_at is not None
 
 
+class Observing:
+    """Reports every prefill it chose for as a telemetry outcome, when it has a reporter."""
+
+    hardware: Hardware
+    reporter: Reporter | None
+
+    def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
+        if self.reporter is not None:
+            self.reporter.report(outcome(ask(request, self.hardware), result))
+
+    def close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+
+
 @dataclass
-class AutoPolicy:
+class AutoPolicy(Observing):
     url: str
     timeout_s: float
     hardware: Hardware  # this machine (engine.hardware.local_hardware)
     breaker: Breaker = field(default_factory=Breaker)
     cache_ttl_s: float = CACHE_TTL_S
+    reporter: Reporter | None = None  # telemetry of each prefill (engine/telemetry.py)
     name: str = "auto"
 
     def __post_init__(self) -> None:
@@ -137,16 +158,18 @@ class AutoPolicy:
 
     def close(self) -> None:
         self.client.close()
+        super().close()
 
 
 @dataclass
-class InProcessPolicy:
+class InProcessPolicy(Observing):
     """The same decision without HTTP: the registered model loaded into this process."""
 
     tracking_uri: str
     hardware: Hardware
     model_name: str = MODEL_NAME
     alias: str = CHAMPION
+    reporter: Reporter | None = None
     name: str = "auto"
 
     def __post_init__(self) -> None:

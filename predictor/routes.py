@@ -4,15 +4,18 @@ mounted only when a token is set). Dependencies are `Annotated` aliases, as in t
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
-from chunkpilot.contract import ChunkRequest
+from chunkpilot.contract import ChunkRequest, ConfigError, Outcome
 
 from .model import Answer
-from .schemas import BatchRequest, BatchResponse, ChunkResponse
+from .schemas import BatchRequest, BatchResponse, ChunkResponse, Feedback, FeedbackResult
 from .service import ServiceState
 
 
@@ -31,6 +34,22 @@ async def ready_state(state: Annotated[ServiceState, Depends(service_state)]) ->
 
 State = Annotated[ServiceState, Depends(service_state)]
 Ready = Annotated[ServiceState, Depends(ready_state)]
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+async def trusted(state: State, authorization: Annotated[str | None, Header()] = None) -> None:
+    """The admin token when one is set; without one only a loopback-bound service trusts callers."""
+    token = state.settings.admin_token
+    if token is None:
+        if state.settings.host not in LOOPBACK:
+            raise HTTPException(403, detail="bound beyond loopback: set CHUNKPILOT_ADMIN_TOKEN to accept this")
+        return
+    expected = f"Bearer {token.get_secret_value()}".encode()
+    if authorization is None or not secrets.compare_digest(authorization.encode(), expected):
+        raise HTTPException(401, detail="a valid bearer token is required")
+
+
+Trusted = Annotated[None, Depends(trusted)]
 router = APIRouter()
 admin = APIRouter()
 
@@ -73,11 +92,27 @@ async def readyz(state: State) -> JSONResponse:
     return JSONResponse({"ready": True, "version": state.predictor.version, "last_reload_error": state.last_error})
 
 
+@router.post("/v1/feedback", responses={401: {}, 403: {}})
+async def feedback(body: Feedback, state: State, _: Trusted) -> FeedbackResult:
+    """The engine's outcomes: each checked against the contract on its own (a bad one is refused
+    and counted by the field it broke), the accepted appended to the telemetry partition."""
+    accepted, rejected = [], Counter()
+    for raw in body.outcomes:
+        try:
+            accepted.append(Outcome.model_validate(raw))
+        except ValidationError as exc:
+            rejected[ConfigError.of(exc).field.rsplit(".", 1)[-1]] += 1
+    for reason, count in rejected.items():
+        state.metrics.outcome_rejections.labels(reason).inc(count)
+    state.metrics.outcomes.labels("rejected").inc(rejected.total())
+    if accepted:
+        await run_in_threadpool(state.telemetry.append, accepted)  # one atomic file per machine
+        state.metrics.outcomes.labels("accepted").inc(len(accepted))
+    return FeedbackResult(accepted=len(accepted), rejected=dict(rejected))
+
+
 @admin.post("/admin/reload", responses={401: {}})
-def reload(state: State, authorization: Annotated[str | None, Header()] = None) -> dict:
-    expected = f"Bearer {state.settings.admin_token.get_secret_value()}".encode()
-    if authorization is None or not secrets.compare_digest(authorization.encode(), expected):
-        raise HTTPException(401, detail="a valid bearer token is required")
+def reload(state: State, _: Trusted) -> dict:
     outcome = state.load(force=True)
     return {
         "outcome": outcome,

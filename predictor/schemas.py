@@ -3,7 +3,7 @@ the answers."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -12,6 +12,17 @@ from chunkpilot.contract import ChunkRequest, Contract
 
 class BatchRequest(Contract):
     requests: list[ChunkRequest] = Field(min_length=1, max_length=256)
+
+
+class Feedback(Contract):
+    """A batch of the engine's outcomes (chunkpilot.contract.Outcome), each checked on its own."""
+
+    outcomes: list[dict[str, Any]] = Field(min_length=1, max_length=1000)
+
+
+class FeedbackResult(BaseModel):
+    accepted: int
+    rejected: dict[str, int]  # by the field an outcome broke
 
 
 class Candidate(BaseModel):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from chunkpilot.contract import ChunkRequest
+from chunkpilot.dataset import Partition
 
 from .model import Answer, AnswerCache, Predictor, load_predictor
 from .settings import Settings
@@ -30,6 +31,11 @@ class ServiceMetrics:
             "chunkpilot_rejections", "Requests refused (4xx/503), by reason", ["reason"], registry=registry
         )
         self.reloads = Counter("chunkpilot_model_reloads", "Model loads by outcome", ["outcome"], registry=registry)
+        self.outcomes = Counter(
+            "chunkpilot_outcomes", "Telemetry outcomes by result (accepted, rejected)", ["result"], registry=registry
+        )
+        self.outcome_rejections = Counter("chunkpilot_outcome_rejections", "Telemetry outcomes refused, by the field "
+                                          "that broke the contract", ["reason"], registry=registry)  # fmt: skip
         self.model_version = Gauge(
             "chunkpilot_model_version", "Registered model version being served", registry=registry
         )
@@ -41,12 +47,14 @@ class ServiceState:
     metrics: ServiceMetrics
     predictor: Predictor | None = None
     cache: AnswerCache = field(init=False)
+    telemetry: Partition = field(init=False)
     not_ready: str = "no model loaded yet"
     last_error: str | None = None  # the last failed load, shown by /readyz even while an old model serves
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.cache = AnswerCache(self.settings.cache_size)
+        self.telemetry = Partition(self.settings.telemetry_dir, self.settings.telemetry_max_bytes)
 
     def load(self, force: bool = False) -> str:
         """Load name@alias; swap it in if it differs from what serves (or `force`). Returns what happened."""

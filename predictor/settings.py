@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from chunkpilot.dataset import TELEMETRY
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from chunkpilot.tracking import tracking_uri
 
@@ -22,3 +25,6 @@ class Settings(BaseSettings):
     # an unreachable tracking server must fail a load fast (MLflow's own default retries for minutes)
     store_timeout_s: int = Field(default=5, ge=1, le=600, description="MLflow HTTP request timeout")
     store_retries: int = Field(default=0, ge=0, le=10, description="MLflow HTTP retries per request")
+    host: str = Field(default="127.0.0.1", description="the bind address: beyond loopback, feedback needs the token")
+    telemetry_dir: Path = Field(default=TELEMETRY, description="where accepted outcomes go")
+    telemetry_max_bytes: int = Field(default=256 * 2**20, ge=2**16, description="the oldest files go beyond this")

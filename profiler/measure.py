@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
+from chunkpilot.dataset import HARNESS_VERSION
 from engine import runtime
 from engine.engine import Engine, EngineConfig, Prompt
 from engine.measure import interleaved, spread
 from engine.policy import FixedPolicy
 
 from .spec import ProfileConfig, Spec
-from .store import HARNESS_VERSION
 
 
 class EnginePool:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkpilot.contract import ConfigError
+from chunkpilot.dataset import read_dataset
 
 from .spec import Spec
-from .store import read_dataset
 from .worker import Worker
 
 MIN_TIE = 0.02  # two chunk sizes within 2% (or twice their CV, if larger) are a tie

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from chunkpilot.dataset import LISTS, finished_keys, write_config
+
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
-from .store import LISTS, finished_keys, write_config
 from .worker import Worker, WorkerError
 
 

@@ -8,6 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the engine's per-user cache (measured hardware descriptors): the tests' own, never the user's
 os.environ.setdefault("CHUNKPILOT_CACHE_DIR", tempfile.mkdtemp(prefix="chunkpilot-cache-"))
+# the telemetry of the tests' prefills: never into the repository's data/
+os.environ.setdefault("CHUNKPILOT_TELEMETRY_DIR", tempfile.mkdtemp(prefix="chunkpilot-telemetry-"))
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,18 @@ import pytest
 
 from chunkpilot.cli import main
 from chunkpilot.contract import ConfigError
+from chunkpilot.dataset import (
+    COLUMNS,
+    OPTIONAL,
+    DataError,
+    finished_keys,
+    read_dataset,
+    read_file,
+    validate,
+    write_config,
+)
 from profiler.plan import space_filling_order
 from profiler.spec import ProfileConfig, Spec
-from profiler.store import COLUMNS, OPTIONAL, DataError, finished_keys, read_dataset, read_file, validate, write_config
 from profiler.summary import summarize_configs
 
 TINY = {

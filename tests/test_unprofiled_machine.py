@@ -25,7 +25,7 @@ from predictor.settings import Settings
 def foreign_store(small_dataset, tmp_path_factory):
     """A champion trained on the small dataset relabelled as another machine's, so that this
     machine's hardware_id is one the model never saw."""
-    from profiler.store import read_dataset, write_config
+    from chunkpilot.dataset import read_dataset, write_config
 
     root = tmp_path_factory.mktemp("foreign")
     rows = read_dataset(small_dataset).assign(hardware_id="another-machine")

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkpilot.dataset import DataError, read_dataset
 from chunkpilot.features import INPUT_COLUMNS, build
-from profiler.store import DataError, read_dataset
 
 CONFIG_COLUMNS = (
     "group",
@@ -48,11 +48,33 @@ class Table:
         return Table(self.rows[mask].reset_index(drop=True), self.x[mask], self.y[mask])
 
 
+def _joined(lists: pd.Series) -> list[float]:
+    return [float(x) for values in lists for x in values]
+
+
+def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
+    """Telemetry holds one row per prefill: the rows of one (config, chunk size, machine) become one
+    whose times are medians over them, like a profiled row's repeats; a config seen at one chunk size
+    only says nothing about which size is better and is left out."""
+    seen = rows.spec_name == "telemetry"
+    if not seen.any():
+        return rows
+    keys = ["config_key", "chunk_size", "hardware_id"]
+    merged = rows[seen].groupby(keys, sort=False).agg(
+        {**{c: "first" for c in rows.columns if c not in keys}, "tokenize_ms": "median", "prefill_ms": "median",
+         "first_decode_ms": "median", "ttft_ms": "median", "ttft_repeats_ms": _joined, "prefill_repeats_ms": _joined,
+         "chunk_ms": lambda lists: np.median(np.stack(lists.to_list()), axis=0).tolist()}
+    ).reset_index()  # fmt: skip
+    merged["repeats"] = merged.ttft_repeats_ms.map(len)
+    merged = merged[merged.groupby(["config_key", "hardware_id"]).chunk_size.transform("nunique") >= 2]
+    return pd.concat([rows[~seen], merged[rows.columns]], ignore_index=True)
+
+
 def load_table(path: Path) -> Table:
     """Read and check the dataset (exit-2 errors name what is wrong), then build the features."""
     if not Path(path).exists():
         raise DataError("data", f"{path} does not exist")
-    rows = read_dataset(Path(path))
+    rows = merge_telemetry(read_dataset(Path(path)))
     configs = rows.config_key.nunique()
     if configs < 2:
         raise DataError("data", f"{path} holds one config only ({rows.config_key.iloc[0]}): nothing to hold out")

@@ -13,10 +13,10 @@ from pathlib import Path
 import pandas as pd
 
 from chunkpilot import registry
+from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.registry import Verdict
 from chunkpilot.tracking import quiet_mlflow, use_experiment
-from profiler.store import LISTS, DataError
 
 from . import plots
 from .data import Table, load_table

@@ -41,9 +41,9 @@ def _step(n: int, text: str, start: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from chunkpilot.dataset import read_dataset
     from profiler.run import log_run, run_profile
     from profiler.spec import Spec
-    from profiler.store import read_dataset
     from training.train import format_result, train
 
     minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)

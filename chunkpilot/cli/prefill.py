@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, number
@@ -34,6 +35,9 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictor-url", default="http://127.0.0.1:8000", help="the service `auto` asks")
     parser.add_argument("--predictor-timeout-ms", default="50", help="give up on the service after this long")
     parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
+    parser.add_argument("--no-telemetry", action="store_true", help="auto: do not report the prefills' outcomes")
+    parser.add_argument("--telemetry-dir", type=Path, help="auto --in-process: the local partition of the outcomes "
+                        "(default: $CHUNKPILOT_TELEMETRY_DIR, else data/ttft/telemetry, as the service)")  # fmt: skip
 
 
 def auto_policy(args: argparse.Namespace, engine):
@@ -41,12 +45,18 @@ def auto_policy(args: argparse.Namespace, engine):
     from chunkpilot.tracking import tracking_uri
     from engine.hardware import local_hardware
     from engine.predictor_client import AutoPolicy, InProcessPolicy
+    from engine.telemetry import Reporter, to_partition, to_service
 
     timeout_ms = number("predictor_timeout_ms", args.predictor_timeout_ms, int, ge=1, le=60_000)
     hardware = local_hardware(engine.config.dtype, engine.runtime.threads, engine.config.device)
     if args.in_process:
-        return InProcessPolicy(tracking_uri(), hardware)
-    return AutoPolicy(args.predictor_url, timeout_ms / 1e3, hardware)
+        from chunkpilot.dataset import TELEMETRY
+
+        directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY)
+        reporter = None if args.no_telemetry else Reporter(to_partition(directory))
+        return InProcessPolicy(tracking_uri(), hardware, reporter=reporter)
+    reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url))
+    return AutoPolicy(args.predictor_url, timeout_ms / 1e3, hardware, reporter=reporter)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(config)
     policy = policy or auto_policy(args, engine)
     attention = attention_config(args, engine.shape.window)
-    measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats)
+    try:
+        measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats)
+    finally:
+        if hasattr(policy, "close"):  # `auto`: flushes its telemetry
+            policy.close()
     report = {
         "config": {
             "model": args.model,

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_repro(result))
         return 0
 
+    from chunkpilot.dataset import read_dataset
     from profiler.run import log_run, run_profile
-    from profiler.store import read_dataset
     from profiler.summary import format_summary, summarize_configs
 
     report = run_profile(spec, args.out, budget)

@@ -18,7 +18,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from predictor.app import create_app
+    from predictor.settings import Settings
 
     port = number("port", args.port, int, ge=1, le=65535)
-    uvicorn.run(create_app(), host=args.host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(create_app(Settings(host=args.host)), host=args.host, port=port, log_level="warning", access_log=False)
     return 0

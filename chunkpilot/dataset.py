@@ -9,18 +9,23 @@ The schema is documented in data/ttft/SCHEMA.md.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chunkpilot.contract import ConfigError
+from chunkpilot.contract import ConfigError, Outcome
 
 HARNESS_VERSION = "3"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`; older files still read
 TMP_PREFIX = ".tmp-"
+TELEMETRY = Path("data/ttft/telemetry")  # the default partition of the engine's own prefills
 
 _int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 # fmt: off
@@ -47,15 +52,15 @@ SCHEMA = pa.schema(
         ("noisy", _bool), ("remeasured", _int),
         ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC")),
         ("harness_version", _str),
+        # telemetry only (the engine's own prefills): where the choice came from
+        ("decision_source", _str), ("model_version", _str), ("explored", _bool),
     ]
 )
 # fmt: on
 COLUMNS = SCHEMA.names
 LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset schemas hold scalars only
-OPTIONAL = {
-    "chunk_ms": None,
-    "tie_embeddings": None,
-}  # columns older files lack, and what a row of such a file reads as
+# columns older files (and the profiler's, for the telemetry ones) lack, and what such a row reads as
+OPTIONAL = dict.fromkeys(("chunk_ms", "tie_embeddings", "decision_source", "model_version", "explored"))
 # (column, lowest allowed, strictly above it?) for the numeric checks
 # fmt: off
 _LOWER_BOUNDS = {
@@ -118,7 +123,7 @@ def write_config(directory: Path, key: str, rows: pd.DataFrame) -> Path:
     tmp = directory / f"{TMP_PREFIX}{key}-{os.getpid()}.parquet"
     # column by column from Python values: pyarrow's from_pandas trips pandas' tz deprecation
     table = pa.Table.from_pydict(
-        {c: pa.array(rows[c].tolist(), type=SCHEMA.field(c).type) for c in COLUMNS}, schema=SCHEMA
+        {c: pa.array(rows[c].tolist(), type=SCHEMA.field(c).type, from_pandas=True) for c in COLUMNS}, schema=SCHEMA
     )
     with open(tmp, "wb") as f:
         pq.write_table(table, f, compression="zstd")
@@ -163,3 +168,52 @@ def read_dataset(root: Path) -> pd.DataFrame:
     if not files:
         raise DataError("data", f"no dataset files under {root}")
     return pd.concat([read_file(p) for p in files], ignore_index=True)
+
+
+def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
+    """Outcomes as dataset rows (spec `telemetry`, one repeat each): what training reads."""
+    rows = []
+    for o in outcomes:
+        request, hardware = o.request, o.request.hardware
+        config = request.row(hardware.model_dump())
+        key = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+        n, c, m = request.context_length, o.chunk_size, len(o.chunk_ms)
+        rows.append({
+            "config_key": f"telemetry-n{n}-{key}", "spec_name": "telemetry",
+            "model": request.model if isinstance(request.model, str) else "shape", "family": request.shape.family,
+            **config, "hardware_id": hardware.hardware_id or "unnamed", "device_kind": "unknown",
+            "device_name": "unknown", "memory_bytes": 0, "torch_version": "", "transformers_version": "",
+            "allocator": "",
+            "chunk_size": c, "is_full": c == n, "num_chunks": m, "last_chunk": n - (m - 1) * c,
+            "tokenize_ms": o.tokenize_ms, "prefill_ms": o.prefill_ms, "first_decode_ms": o.first_decode_ms,
+            "ttft_ms": o.ttft_ms, "ttft_iqr_ms": 0.0, "ttft_cv": 0.0, "repeats": 1, "ttft_repeats_ms": [o.ttft_ms],
+            "prefill_repeats_ms": [o.prefill_ms], "chunk_ms": o.chunk_ms, "kv_cache_bytes": 0, "peak_memory_bytes": 0,
+            "noisy": False, "remeasured": 0, "started_at": o.finished_at, "finished_at": o.finished_at,
+            "harness_version": HARNESS_VERSION, "decision_source": o.source, "model_version": o.model_version,
+            "explored": o.explored,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Partition:
+    """The telemetry partition: each accepted batch one atomic file per machine, the oldest files
+    removed while the partition holds more than `max_bytes`."""
+
+    directory: Path
+    max_bytes: int = 256 * 2**20
+
+    def append(self, outcomes: list[Outcome]) -> list[Path]:
+        rows = outcome_rows(outcomes)
+        written = [
+            write_config(self.directory / hardware_id, f"batch-{time.time_ns()}-{os.getpid()}", group)
+            for hardware_id, group in rows.groupby("hardware_id", sort=False)
+        ]
+        files = sorted(self.directory.rglob("batch-*.parquet"), key=lambda p: p.stat().st_mtime_ns)
+        total = sum(p.stat().st_size for p in files)
+        for oldest in files:
+            if total <= self.max_bytes:
+                break
+            total -= oldest.stat().st_size
+            oldest.unlink()
+        return written

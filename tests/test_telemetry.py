@@ -1,0 +1,135 @@
+"""Telemetry: the engine reports each `auto` prefill without waiting, the service checks every
+outcome against the contract and appends the accepted ones to a size-capped partition in the
+dataset format, and training reads that partition back as measurements."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from servers import free_port, serve
+
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
+from chunkpilot.dataset import Partition, read_dataset
+from engine.engine import Prompt
+from engine.predictor_client import AutoPolicy
+from engine.telemetry import Reporter, to_service
+from predictor.app import create_app
+from predictor.settings import Settings
+from training.data import merge_telemetry
+
+HARDWARE = Hardware(hardware_id="telemetry-test", matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9,
+                    cores=2)  # fmt: skip
+
+
+def outcome(**change) -> dict:
+    """A valid outcome: 1000 tokens in chunks of 256 (4 chunks)."""
+    request = ChunkRequest(context_length=1000, model="llama-tiny", hardware=HARDWARE)
+    base = dict(request=request.model_dump(mode="json"), chunk_size=256, source="service", model_version="1",
+                tokenize_ms=1.0, prefill_ms=40.0, first_decode_ms=2.0, ttft_ms=43.5, chunk_ms=[9.0, 9.5, 10.0, 10.5],
+                finished_at=datetime.now(UTC).isoformat())  # fmt: skip
+    return {**base, **change}
+
+
+@pytest.fixture()
+def service(trained_store, tmp_path):
+    app = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path / "telemetry"))
+    with serve(app) as url:
+        yield url, tmp_path / "telemetry"
+
+
+def test_auto_prefills_land_in_the_partition_as_dataset_rows(service, engines):
+    url, partition = service
+    engine = engines("llama-tiny")
+    policy = AutoPolicy(url, 2.0, HARDWARE, reporter=Reporter(to_service(url), interval_s=0.05))
+    text = engine.prompt_text(Prompt(num_tokens=1500))
+    runs = [engine.run(text, n, AttentionConfig(window=w), policy) for n, w in ((1500, None), (900, 256), (400, None))]
+    policy.close()  # flushes the queue
+    assert policy.reporter.sent == 3 and policy.reporter.dropped == 0
+    rows = read_dataset(partition).sort_values("context_length")
+    assert rows.hardware_id.unique().tolist() == ["telemetry-test"] and (partition / "telemetry-test").is_dir()
+    assert rows.context_length.tolist() == [400, 900, 1500]
+    for run, row in zip(sorted(runs, key=lambda r: r.context_length), rows.itertuples(), strict=True):
+        assert (row.chunk_size, row.ttft_ms, list(row.chunk_ms)) == (run.chunk_size, run.ttft_ms, run.chunk_ms)
+        assert row.decision_source == run.decision_source and row.spec_name == "telemetry"
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'chunkpilot_outcomes_total{result="accepted"} 3.0' in metrics
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"chunk_size": -4}, "chunk_size"),
+        ({"ttft_ms": 1e9}, "ttft_ms"),  # absurd
+        ({"ttft_ms": 20.0}, "ttft_ms"),  # less than its own parts
+        ({"chunk_ms": [30.0, 30.0, 30.0, 30.0]}, "chunk_ms"),  # the chunks outlast the prefill
+        ({"chunk_ms": [10.0, 10.0]}, "chunk_ms"),  # 1000 tokens in 256s are 4 chunks
+        ({"request": {**outcome()["request"], "hardware": {"hardware_id": "who"}}}, "hardware"),
+        ({"source": "guess"}, "source"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_outcomes_are_refused_by_the_field_they_break(service, change, reason):
+    url, partition = service
+    answer = httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome(), outcome(**change)]})
+    assert answer.status_code == 200 and answer.json() == {"accepted": 1, "rejected": {reason: 1}}
+    assert len(read_dataset(partition)) == 1  # the good one kept
+    assert f'chunkpilot_outcome_rejections_total{{reason="{reason}"}} 1.0' in httpx.get(f"{url}/metrics").text
+
+
+def test_beyond_loopback_feedback_needs_the_token(trained_store, tmp_path):
+    open_app = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, host="0.0.0.0",
+                                   telemetry_dir=tmp_path))  # fmt: skip
+    with serve(open_app) as url:
+        assert httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome()]}).status_code == 403
+    guarded = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, host="0.0.0.0", admin_token="t",
+                                  telemetry_dir=tmp_path))  # fmt: skip
+    with serve(guarded) as url:
+        assert httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome()]}).status_code == 401
+        ok = httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome()]}, headers={"authorization": "Bearer t"})
+        assert ok.json()["accepted"] == 1
+
+
+def test_service_down_outcomes_are_dropped_and_counted_never_the_prefill(engines):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    engine = engines("llama-tiny")
+    policy = AutoPolicy(url, 0.05, HARDWARE, reporter=Reporter(to_service(url, timeout_s=0.2), interval_s=0.05))
+    result = engine.run(engine.prompt_text(Prompt(num_tokens=300)), 300, AttentionConfig(), policy)
+    policy.close()
+    assert result.decision_source == "fallback" and result.ttft_ms > 0
+    assert (policy.reporter.sent, policy.reporter.dropped) == (0, 1) and "ConnectError" in policy.reporter.last_error
+
+
+def test_a_burst_stays_within_the_queue_and_the_disk_cap(tmp_path):
+    release = threading.Event()
+    reporter = Reporter(lambda batch: release.wait(10), capacity=100, batch=10)  # a stalled delivery
+    queued = sum(reporter.report(outcome()) for _ in range(10_000))
+    assert queued <= 100 + 10 and reporter.dropped == 10_000 - queued  # the rest dropped at once, counted
+    release.set()
+    reporter.close()
+    assert reporter.sent == queued
+
+    from chunkpilot.contract import Outcome
+
+    partition = Partition(tmp_path / "telemetry", max_bytes=2**16)
+    batch = [Outcome.model_validate(outcome()) for _ in range(50)]
+    for _ in range(40):
+        written = partition.append(batch)
+    files = list((tmp_path / "telemetry").rglob("*.parquet"))
+    assert written[0] in files and sum(f.stat().st_size for f in files) <= 2**16  # oldest removed first
+
+
+def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
+    from chunkpilot.contract import Outcome
+
+    partition = Partition(tmp_path / "telemetry")
+    fast = [Outcome.model_validate(outcome(ttft_ms=t, prefill_ms=t - 4)) for t in (43.5, 45.0, 44.0)]
+    slow = [Outcome.model_validate(outcome(chunk_size=500, chunk_ms=[30.0, 30.0], ttft_ms=70.0, prefill_ms=66.0))]
+    lonely = [Outcome.model_validate(outcome(request={**outcome()["request"], "context_length": 2000},
+                                             chunk_ms=[5.0] * 8))]  # fmt: skip
+    partition.append(fast + slow + lonely)
+    rows = merge_telemetry(read_dataset(tmp_path / "telemetry")).sort_values("chunk_size")
+    assert rows.chunk_size.tolist() == [256, 500]  # the config seen at one size only is left out
+    assert rows.repeats.tolist() == [3, 1] and rows.ttft_ms.tolist() == [44.0, 70.0]  # medians
