@@ -54,6 +54,7 @@ class TTFTResult:
     decision_source: str
     decision_model_version: str | None
     decision_reason: str | None  # why `auto` fell back to the rule, when it did
+    decision_explored: bool  # the service answered another candidate than its pick, to learn from it
     first_token: int
     tokenize_ms: float
     decision_ms: float
@@ -147,6 +148,7 @@ class Engine:
             decision_source=decision.source,
             decision_model_version=decision.model_version,
             decision_reason=decision.reason,
+            decision_explored=decision.explored,
             first_token=int(first),
             tokenize_ms=t1 - t0,
             decision_ms=t2 - t1,

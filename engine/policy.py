@@ -15,6 +15,7 @@ class Decision:
     source: str  # fixed, full, rule; auto: service, cache, in-process, fallback
     model_version: str | None = None
     reason: str | None = None  # why a fallback fell back
+    explored: bool = False  # the service answered another candidate than its pick, to learn from it
 
 
 class ChunkPolicy(Protocol):

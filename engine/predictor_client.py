@@ -136,7 +136,7 @@ class AutoPolicy(Observing):
                 request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"
             )
         try:
-            chunk, version = self._ask(request)
+            chunk, version, explored = self._ask(request)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
             self.breaker.record(False)
             self.last_error = failure_reason(exc, self.url, self.timeout_s)
@@ -144,17 +144,18 @@ class AutoPolicy(Observing):
         self.breaker.record(True)
         if version != self.version:  # a promotion: answers of the old model go
             self.version, self.answers = version, {}
-        self.answers[(version, key)] = (chunk, time.monotonic())
-        return Decision(chunk, "service", version)
+        if not explored:  # an exploration is for this prefill only
+            self.answers[(version, key)] = (chunk, time.monotonic())
+        return Decision(chunk, "service", version, explored=explored)
 
-    def _ask(self, request: RequestFeatures) -> tuple[int, str]:
+    def _ask(self, request: RequestFeatures) -> tuple[int, str, bool]:
         response = self.client.post("/v1/chunk-size", json=ask(request, self.hardware).model_dump(mode="json"))
         response.raise_for_status()
         answer = response.json()
         chunk = answer["chunk_size"]
         if not isinstance(chunk, int) or not 1 <= chunk <= request.max_chunk:
             raise ValueError(f"infeasible chunk {chunk!r} (allowed 1..{request.max_chunk})")
-        return chunk, str(answer["model_version"])
+        return chunk, str(answer["model_version"]), bool(answer.get("explored", False))
 
     def close(self) -> None:
         self.client.close()

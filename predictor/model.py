@@ -38,6 +38,7 @@ class Answer:
     top: list[Candidate]
     rule: Candidate
     model_version: str
+    explored: bool = False  # a candidate other than the model's pick, on purpose (predictor/explore.py)
 
 
 def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:
@@ -71,6 +72,11 @@ class Predictor:
     info: dict = field(default_factory=dict)  # shown by GET /v1/model
     ranker: lgb.Booster | None = None  # its order within the config combined with the levels
     rule_margin: float = 0.0  # the rule's size unless the pick is predicted to save more (training's recipe)
+
+    @property
+    def uncertainty(self) -> float:
+        """The model's relative TTFT error on held-out configs (its MAPE; 10% when not logged)."""
+        return self.info.get("held_out", {}).get("mape", 0.1)
 
     def candidates(self, request: ChunkRequest) -> list[int]:
         n, att = request.context_length, request.attention

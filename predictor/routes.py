@@ -62,6 +62,7 @@ def _response(decision: Answer, source: str) -> ChunkResponse:
         rule=decision.rule,
         model_version=decision.model_version,
         source=source,
+        explored=decision.explored,
     )
 
 

@@ -37,6 +37,7 @@ class ChunkResponse(BaseModel):
     rule: Candidate
     model_version: str
     source: Literal["model", "cache"]
+    explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
 
 
 class BatchResponse(BaseModel):

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from chunkpilot.contract import ChunkRequest
 from chunkpilot.dataset import Partition
 
+from .explore import Explorer
 from .model import Answer, AnswerCache, Predictor, load_predictor
 from .settings import Settings
 
@@ -36,6 +37,11 @@ class ServiceMetrics:
         )
         self.outcome_rejections = Counter("chunkpilot_outcome_rejections", "Telemetry outcomes refused, by the field "
                                           "that broke the contract", ["reason"], registry=registry)  # fmt: skip
+        self.explored = Counter(
+            "chunkpilot_explored", "Answers that explored a non-argmin candidate", registry=registry
+        )
+        self.explore_share = Gauge("chunkpilot_explore_spent_share", "Predicted extra TTFT of exploring / TTFT served",
+                                   registry=registry)  # fmt: skip
         self.model_version = Gauge(
             "chunkpilot_model_version", "Registered model version being served", registry=registry
         )
@@ -48,6 +54,7 @@ class ServiceState:
     predictor: Predictor | None = None
     cache: AnswerCache = field(init=False)
     telemetry: Partition = field(init=False)
+    explorer: Explorer = field(init=False)
     not_ready: str = "no model loaded yet"
     last_error: str | None = None  # the last failed load, shown by /readyz even while an old model serves
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -55,6 +62,8 @@ class ServiceState:
     def __post_init__(self) -> None:
         self.cache = AnswerCache(self.settings.cache_size)
         self.telemetry = Partition(self.settings.telemetry_dir, self.settings.telemetry_max_bytes)
+        self.explorer = Explorer(self.settings.explore_budget)
+        self.metrics.explore_share.set_function(lambda: self.explorer.spent_share)
 
     def load(self, force: bool = False) -> str:
         """Load name@alias; swap it in if it differs from what serves (or `force`). Returns what happened."""
@@ -86,7 +95,10 @@ class ServiceState:
             decision, source = hit, "cache"
         else:
             decision, source = predictor.decide(request), "model"
-            cache.put(key, decision)
+            cache.put(key, decision)  # the model's own pick: exploring is decided per answer
+        decision = self.explorer.answer(decision, predictor.uncertainty)
+        if decision.explored:
+            self.metrics.explored.inc()
         self.metrics.decisions.labels(str(decision.chunk_size), source).inc()
         return decision, source
 

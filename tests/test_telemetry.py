@@ -11,7 +11,7 @@ import httpx
 import pytest
 from servers import free_port, serve
 
-from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, RequestFeatures
 from chunkpilot.dataset import Partition, read_dataset
 from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy
@@ -133,3 +133,50 @@ def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
     rows = merge_telemetry(read_dataset(tmp_path / "telemetry")).sort_values("chunk_size")
     assert rows.chunk_size.tolist() == [256, 500]  # the config seen at one size only is left out
     assert rows.repeats.tolist() == [3, 1] and rows.ttft_ms.tolist() == [44.0, 70.0]  # medians
+
+
+def answer_with_runner_up(best_ms: float, other_ms: float):
+    from predictor.model import Answer
+    from predictor.schemas import Candidate
+
+    top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
+    return Answer(512, best_ms, top, top[1], "1")
+
+
+def test_exploration_stays_within_its_budget_and_only_where_the_model_is_unsure():
+    from predictor.explore import Explorer
+
+    explorer = Explorer(budget=0.01)
+    answers = [explorer.answer(answer_with_runner_up(100.0, 105.0), uncertainty=0.2) for _ in range(1000)]
+    explored = [a for a in answers if a.explored]
+    assert 0 < len(explored) < 1000 and all(a.chunk_size == 768 for a in explored)
+    assert explorer.spent_ms == 5.0 * len(explored) and explorer.spent_share <= 0.01  # the budget holds
+    sure = Explorer(budget=0.5)
+    assert not any(sure.answer(answer_with_runner_up(100.0, 150.0), uncertainty=0.2).explored for _ in range(100))
+    off = Explorer(budget=0.0)
+    assert not any(off.answer(answer_with_runner_up(100.0, 100.5), uncertainty=0.2).explored for _ in range(100))
+
+
+def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):
+    request = ChunkRequest(context_length=3000, model="llama-tiny", attention={"window": None}, hardware=HARDWARE)
+    body = request.model_dump(mode="json")
+
+    def settings(budget: float) -> Settings:
+        return Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path, explore_budget=budget)
+
+    with serve(create_app(settings(0.0))) as url:
+        pick = httpx.post(f"{url}/v1/chunk-size", json=body).json()
+    assert not pick["explored"]
+    with serve(create_app(settings(0.5))) as url:  # generous: exploring whenever the model is unsure
+        answers = [httpx.post(f"{url}/v1/chunk-size", json=body).json() for _ in range(20)]
+        metrics = httpx.get(f"{url}/metrics").text
+        policy = AutoPolicy(url, 2.0, HARDWARE)
+        features = RequestFeatures(**{k: v for k, v in dict(request).items() if k not in ("hardware", "candidates")})
+        decisions = [policy.choose(features) for _ in range(10)]
+        policy.close()
+    explored = [a for a in answers if a["explored"]]
+    assert explored and all(a["chunk_size"] != pick["chunk_size"] for a in explored)  # another candidate
+    assert f"chunkpilot_explored_total {float(len(explored))}" in metrics
+    assert 0 < float(metrics.split("\nchunkpilot_explore_spent_share ")[1].split()[0]) <= 0.5
+    assert any(d.explored for d in decisions)
+    assert all(d.chunk_size == pick["chunk_size"] for d in decisions if d.source == "cache")  # never reused

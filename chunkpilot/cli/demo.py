@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     _step(3, f"starting the service (chunkpilot serve) on {url}", start)
-    service = start_service(port)
+    service = start_service(port, explore_budget=0)  # the comparison asks for the model's own picks
     try:
         wait_ready(url, service)
         _step(
