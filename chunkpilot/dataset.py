@@ -26,6 +26,7 @@ from chunkpilot.contract import ConfigError, Outcome
 HARNESS_VERSION = "3"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`; older files still read
 TMP_PREFIX = ".tmp-"
 TELEMETRY = Path("data/ttft/telemetry")  # the default partition of the engine's own prefills
+TELEMETRY_PREFIX = "telemetry-"  # their config keys
 
 _int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 # fmt: off
@@ -179,7 +180,7 @@ def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
         key = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
         n, c, m = request.context_length, o.chunk_size, len(o.chunk_ms)
         rows.append({
-            "config_key": f"telemetry-n{n}-{key}", "spec_name": "telemetry",
+            "config_key": f"{TELEMETRY_PREFIX}n{n}-{key}", "spec_name": "telemetry",
             "model": request.model if isinstance(request.model, str) else "shape", "family": request.shape.family,
             **config, "hardware_id": hardware.hardware_id or "unnamed", "device_kind": "unknown",
             "device_name": "unknown", "memory_bytes": 0, "torch_version": "", "transformers_version": "",

@@ -18,6 +18,7 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 LEGACY = {"rule_margin": 0.0, "rank_with_ranker": False}  # what a recipe logged before these keys existed did
 RANKER = "ranker.lgb"  # beside the model: its order within a config combined with the model's levels
 HARDWARE = "hardware.json"  # the machines of the training data, by hardware_id
+LAST_RETRAIN = "last_retrain"  # registered-model tag: what the latest training did, or why it failed
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,19 @@ class Verdict:
     champion_regret: float | None
 
 
-def judge(new_regret: float, champion: tuple[str, float] | None) -> Verdict:
-    """`champion` is (version, its mean regret re-measured on this run's slices) or None."""
+def judge(
+    new_regret: float, champion: tuple[str, float] | None, telemetry: tuple[float, float] | None = None
+) -> Verdict:
+    """`champion` is (version, its mean regret re-measured on this run's slices) or None;
+    `telemetry`, (new, champion) mean regret on the engine's recent prefills, when the data has them:
+    the challenger must beat the champion on the slices and not lose on those."""
     if champion is None:
         return Verdict(CHAMPION, "no champion yet", None, None)
     version, regret = champion
     same = "on the same held-out slices"
+    if telemetry is not None and telemetry[0] > telemetry[1]:
+        return Verdict(CHALLENGER, f"mean regret {telemetry[0]:.4f} on this machine's recent prefills is worse than "
+                       f"champion v{version}'s {telemetry[1]:.4f}; champion kept", version, regret)  # fmt: skip
     if new_regret < regret:
         return Verdict(
             CHAMPION, f"mean regret {new_regret:.4f} beats champion v{version}'s {regret:.4f} {same}", version, regret
@@ -46,17 +54,20 @@ def judge(new_regret: float, champion: tuple[str, float] | None) -> Verdict:
     )
 
 
-def gate(client, new_regret: float, params: dict, remeasure: Callable[[dict], float]) -> Verdict:
+def gate(client, new: dict[str, float], params: dict, remeasure: Callable[[dict], dict[str, float]]) -> Verdict:
     """The promotion gate: the current champion's recipe scored on this run's slices by `remeasure`
-    (training is deterministic, so the same recipe scores the same and is not run again)."""
+    (mean regret per slice and `all`; training is deterministic, so the same recipe scores the same
+    and is not run again)."""
     from mlflow.exceptions import MlflowException
 
     try:
         version = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
     except MlflowException:
-        return judge(new_regret, None)
+        return judge(new["all"], None)
     recipe = {**LEGACY, **json.loads(client.get_run(version.run_id).data.params.get("lgbm_params", "{}"))}
-    return judge(new_regret, (version.version, new_regret if recipe == params else remeasure(recipe)))
+    old = new if recipe == params else remeasure(recipe)
+    telemetry = (new["telemetry"], old["telemetry"]) if "telemetry" in new else None
+    return judge(new["all"], (version.version, old["all"]), telemetry)
 
 
 def register(client, version: str, verdict: Verdict, new_regret: float) -> None:
@@ -64,6 +75,25 @@ def register(client, version: str, verdict: Verdict, new_regret: float) -> None:
     client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
     client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
     client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)
+    record_retrain(client, f"v{version} {verdict.alias}: {verdict.reason}")
+
+
+def record_retrain(client, outcome: str) -> None:
+    """What the latest (re)training did, on the registered model, where the service's /readyz reads it
+    (nothing to record on before a first model is registered)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.set_registered_model_tag(MODEL_NAME, LAST_RETRAIN, outcome[:500])
+    except MlflowException:
+        pass
+
+
+def last_retrain(tracking_uri: str, name: str = MODEL_NAME) -> str | None:
+    from mlflow import MlflowClient
+
+    with quiet_mlflow():
+        return MlflowClient(tracking_uri=tracking_uri).get_registered_model(name).tags.get(LAST_RETRAIN)
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,8 @@ async def livez() -> dict:
 async def readyz(state: State) -> JSONResponse:
     if state.predictor is None:
         return JSONResponse({"ready": False, "reason": state.not_ready}, status_code=503)
-    return JSONResponse({"ready": True, "version": state.predictor.version, "last_reload_error": state.last_error})
+    return JSONResponse({"ready": True, "version": state.predictor.version, "last_reload_error": state.last_error,
+                         "last_retrain": state.last_retrain})  # fmt: skip
 
 
 @router.post("/v1/feedback", responses={401: {}, 403: {}})

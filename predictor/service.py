@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from chunkpilot import registry
 from chunkpilot.contract import ChunkRequest
 from chunkpilot.dataset import Partition
 
@@ -57,6 +58,7 @@ class ServiceState:
     explorer: Explorer = field(init=False)
     not_ready: str = "no model loaded yet"
     last_error: str | None = None  # the last failed load, shown by /readyz even while an old model serves
+    last_retrain: str | None = None  # what the latest (re)training did or why it failed (registry tag)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class ServiceState:
         s = self.settings
         with self._lock:  # one load at a time; requests keep reading the current predictor meanwhile
             try:
+                self.last_retrain = registry.last_retrain(s.tracking_uri, s.model_name)
                 loaded = load_predictor(s.tracking_uri, s.model_name, s.model_alias)
             except Exception as exc:  # any failure leaves the old model serving
                 first_line = str(exc).splitlines()[0] if str(exc) else ""

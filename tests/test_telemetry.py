@@ -4,6 +4,7 @@ dataset format, and training reads that partition back as measurements."""
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import UTC, datetime
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from servers import free_port, serve
 
-from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome, RequestFeatures
 from chunkpilot.dataset import Partition, read_dataset
 from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy
@@ -158,25 +159,82 @@ def test_exploration_stays_within_its_budget_and_only_where_the_model_is_unsure(
 
 
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):
-    request = ChunkRequest(context_length=3000, model="llama-tiny", attention={"window": None}, hardware=HARDWARE)
-    body = request.model_dump(mode="json")
+    requests = [
+        ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE)
+        for n in (300, 700, 1500, 3000)
+        for attention in ({"window": None}, {"window": 128}, {"window": 256, "layout": "ring"})
+    ]  # where the model is unsure depends on the model: ask about several
 
     def settings(budget: float) -> Settings:
         return Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path, explore_budget=budget)
 
+    def answers(url: str) -> list[dict]:
+        return [httpx.post(f"{url}/v1/chunk-size", json=r.model_dump(mode="json")).json() for r in requests]
+
     with serve(create_app(settings(0.0))) as url:
-        pick = httpx.post(f"{url}/v1/chunk-size", json=body).json()
-    assert not pick["explored"]
+        picks = answers(url)
     with serve(create_app(settings(0.5))) as url:  # generous: exploring whenever the model is unsure
-        answers = [httpx.post(f"{url}/v1/chunk-size", json=body).json() for _ in range(20)]
+        given = answers(url)
         metrics = httpx.get(f"{url}/metrics").text
+        unsure = next(r for r, a in zip(requests, given, strict=True) if a["explored"])
         policy = AutoPolicy(url, 2.0, HARDWARE)
-        features = RequestFeatures(**{k: v for k, v in dict(request).items() if k not in ("hardware", "candidates")})
+        features = RequestFeatures(**{k: v for k, v in dict(unsure).items() if k not in ("hardware", "candidates")})
         decisions = [policy.choose(features) for _ in range(10)]
         policy.close()
-    explored = [a for a in answers if a["explored"]]
-    assert explored and all(a["chunk_size"] != pick["chunk_size"] for a in explored)  # another candidate
+    assert not any(p["explored"] for p in picks)
+    explored = [(p, a) for p, a in zip(picks, given, strict=True) if a["explored"]]
+    assert all(a["chunk_size"] != p["chunk_size"] for p, a in explored)  # another candidate than the pick
     assert f"chunkpilot_explored_total {float(len(explored))}" in metrics
     assert 0 < float(metrics.split("\nchunkpilot_explore_spent_share ")[1].split()[0]) <= 0.5
-    assert any(d.explored for d in decisions)
-    assert all(d.chunk_size == pick["chunk_size"] for d in decisions if d.source == "cache")  # never reused
+    assert all(d.explored and d.source == "service" for d in decisions)  # asked each time, never from the cache
+
+
+def test_the_gate_keeps_a_champion_the_challenger_loses_to_on_recent_prefills():
+    from chunkpilot.registry import judge
+
+    assert judge(0.02, ("3", 0.05), telemetry=(0.01, 0.02)).alias == "champion"
+    kept = judge(0.02, ("3", 0.05), telemetry=(0.04, 0.02))  # better on the slices, worse on this machine
+    assert kept.alias == "challenger" and "recent prefills" in kept.reason
+
+
+def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_dataset, tmp_path, engines, monkeypatch):
+    import shutil
+
+    from conftest import train_into_store
+    from mlflow import MlflowClient
+
+    from chunkpilot.cli import main
+    from chunkpilot.registry import LAST_RETRAIN, MODEL_NAME
+    from engine.policy import FixedPolicy
+    from engine.telemetry import outcome as as_outcome
+
+    uri = train_into_store(small_dataset, tmp_path)  # v1, trained without telemetry
+    root = tmp_path / "data"
+    shutil.copytree(small_dataset, root / "profiled")
+    engine = engines("llama-tiny")
+    text = engine.prompt_text(Prompt(num_tokens=700))
+    outcomes = []
+    for n, window in ((700, None), (500, 128)):  # two configs, each measured at two sizes, twice
+        request = ChunkRequest(**dict(engine.features(n, AttentionConfig(window=window))), hardware=HARDWARE)
+        for _ in range(2):
+            for chunk in (128, 256):
+                result = engine.run(text, n, AttentionConfig(window=window), FixedPolicy(chunk))
+                outcomes.append(Outcome.model_validate({**as_outcome(request, result), "source": "service"}))
+    Partition(root / "telemetry").append(outcomes)
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    assert main(["retrain", "--data", str(root)]) == 0
+    client = MlflowClient(tracking_uri=uri)
+    v2 = client.get_model_version(MODEL_NAME, "2")
+    slices = json.loads(client.get_run(v2.run_id).data.params["slices"])
+    assert slices["telemetry"] == 1  # the engine's own prefills judged as a slice of their own
+    assert "mean_regret.telemetry" in client.get_run(v2.run_id).data.metrics
+    assert client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN].startswith("v2 ")
+
+    assert main(["retrain", "--data", str(tmp_path / "nothing")]) == 2  # a failed retrain: champion kept
+    assert client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN].startswith("failed: DataError")
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) in ("1", "2")
+    app = create_app(Settings(tracking_uri=uri, poll_interval_s=0, telemetry_dir=tmp_path / "t"))
+    with serve(app) as url:
+        assert httpx.get(f"{url}/readyz").json()["last_retrain"].startswith("failed: DataError")

@@ -24,9 +24,14 @@ SPACE = {
 }
 
 
-def mean_regret(params: dict, table: Table, slices: dict[str, list[Fold]]) -> float:
+def slice_regrets(params: dict, table: Table, slices: dict[str, list[Fold]]) -> dict[str, float]:
+    """The recipe's mean regret per held-out slice, and over all (`all`)."""
     frame, _ = cross_validate(lambda: TTFTRegressor(params), table, slices)
-    return slice_metrics(frame)["all"]["mean_regret"]
+    return {name: m["mean_regret"] for name, m in slice_metrics(frame).items()}
+
+
+def mean_regret(params: dict, table: Table, slices: dict[str, list[Fold]]) -> float:
+    return slice_regrets(params, table, slices)["all"]
 
 
 def search(

@@ -1,12 +1,15 @@
 """Group-aware held-out slices: whole configs are held out, never single rows, so a model is judged
 on configs it has not seen: (a) unseen context lengths, (b) unseen model shapes, (c) unseen
 windows, (d) unseen hardware: a machine when the data holds several, else a thread count or a
-dtype, and (e) with several machines, a model shape and a machine held out together."""
+dtype, (e) with several machines, a model shape and a machine held out together, and (f) with
+telemetry in the data, the engine's own recent prefills (configs measured at two sizes or more)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from chunkpilot.dataset import TELEMETRY_PREFIX
 
 Fold = tuple[np.ndarray, np.ndarray]  # (training groups, held-out groups)
 
@@ -45,4 +48,7 @@ def make_slices(configs: pd.DataFrame, context_folds: int = 3) -> dict[str, list
             for m in sorted(configs.model.unique())
             for h in sorted(configs.hardware_id.unique())
         ]
+    telemetry = configs.config_key.str.startswith(TELEMETRY_PREFIX)
+    if telemetry.any():  # trained on everything but the telemetry, judged on it
+        slices["telemetry"] = [(configs.group[~telemetry].to_numpy(), configs.group[telemetry].to_numpy())]
     return {name: [f for f in folds if len(f[0]) and len(f[1])] for name, folds in slices.items() if folds}

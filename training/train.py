@@ -22,7 +22,7 @@ from . import plots
 from .data import Table, load_table
 from .evaluate import cross_validate, flat, slice_metrics
 from .policies import DEFAULT_PARAMS, TTFTRegressor, baselines, variants
-from .search import mean_regret, search
+from .search import search, slice_regrets
 from .slices import make_slices
 
 
@@ -149,10 +149,11 @@ def train(
 
         frame, predictions = cross_validate(lambda: TTFTRegressor(params), table, slices)
         frames["lgbm-regressor"], metrics["lgbm-regressor"] = frame, slice_metrics(frame)
-        new_regret = metrics["lgbm-regressor"]["all"]["mean_regret"]
+        new = {name: m["mean_regret"] for name, m in metrics["lgbm-regressor"].items()}
+        new_regret = new["all"]
         final = TTFTRegressor(params)
         final.fit(table)
-        verdict = registry.gate(client, new_regret, params, lambda recipe: mean_regret(recipe, table, slices))
+        verdict = registry.gate(client, new, params, lambda recipe: slice_regrets(recipe, table, slices))
         with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
             mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
             version = _log_model(final, table, data, params, slices, trials, frames, predictions, verdict)

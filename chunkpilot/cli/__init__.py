@@ -19,11 +19,11 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # each command's module adds its own arguments and imports torch only inside its `run`
-    from . import demo, prefill, profile, serve, train
+    from . import demo, prefill, profile, retrain, serve, train
 
     parser = OneLineParser(prog="chunkpilot", description="Per-request prefill chunk sizes, from measurements.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for module in (prefill, profile, train, serve, demo):
+    for module in (prefill, profile, train, retrain, serve, demo):
         name = module.__name__.rsplit(".", 1)[1]
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_args(command)
