@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chunkpilot.contract import ConfigError, Outcome
+from chunkpilot.contract import PRESETS, ConfigError, ModelShape, Outcome
 
 HARNESS_VERSION = "3"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`; older files still read
 TMP_PREFIX = ".tmp-"
@@ -171,6 +171,12 @@ def read_dataset(root: Path) -> pd.DataFrame:
     return pd.concat([read_file(p) for p in files], ignore_index=True)
 
 
+def model_name(shape: ModelShape) -> str:
+    """A preset's name, else a name for the shape (the `model` column that slices hold out by)."""
+    digest = hashlib.sha1(shape.model_dump_json().encode()).hexdigest()[:8]
+    return next((name for name, preset in PRESETS.items() if preset == shape), f"shape-{digest}")
+
+
 def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
     """Outcomes as dataset rows (spec `telemetry`, one repeat each): what training reads."""
     rows = []
@@ -181,7 +187,7 @@ def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
         n, c, m = request.context_length, o.chunk_size, len(o.chunk_ms)
         rows.append({
             "config_key": f"{TELEMETRY_PREFIX}n{n}-{key}", "spec_name": "telemetry",
-            "model": request.model if isinstance(request.model, str) else "shape", "family": request.shape.family,
+            "model": model_name(request.shape), "family": request.shape.family,
             **config, "hardware_id": hardware.hardware_id or "unnamed", "device_kind": "unknown",
             "device_name": "unknown", "memory_bytes": 0, "torch_version": "", "transformers_version": "",
             "allocator": "",

@@ -54,10 +54,13 @@ def judge(
     )
 
 
-def gate(client, new: dict[str, float], params: dict, remeasure: Callable[[dict], dict[str, float]]) -> Verdict:
+def gate(
+    client, new: dict[str, float], params: dict, rows: int, remeasure: Callable[[dict], dict[str, float]]
+) -> Verdict:
     """The promotion gate: the current champion's recipe scored on this run's slices by `remeasure`
-    (mean regret per slice and `all`; training is deterministic, so the same recipe scores the same
-    and is not run again)."""
+    (mean regret per slice and `all`). Training is deterministic, so the champion's own recipe scores
+    the same and is not run again; retrained on more rows (new telemetry, a new profile) it is
+    promoted: it has seen more of the machines it serves and cannot do worse on these slices."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -65,6 +68,12 @@ def gate(client, new: dict[str, float], params: dict, remeasure: Callable[[dict]
     except MlflowException:
         return judge(new["all"], None)
     recipe = {**LEGACY, **json.loads(client.get_run(version.run_id).data.params.get("lgbm_params", "{}"))}
+    if recipe == params:
+        trained = int(client.get_run(version.run_id).data.params.get("rows", 0))
+        if rows > trained:
+            return Verdict(CHAMPION, f"champion v{version.version}'s recipe retrained on {rows - trained} more rows "
+                           f"(held-out mean regret {new['all']:.4f} on these slices either way)",
+                           version.version, new["all"])  # fmt: skip
     old = new if recipe == params else remeasure(recipe)
     telemetry = (new["telemetry"], old["telemetry"]) if "telemetry" in new else None
     return judge(new["all"], (version.version, old["all"]), telemetry)

@@ -34,6 +34,7 @@ class Reporter:
     last_error: str | None = None
     _queue: queue.Queue = field(init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _count: threading.Lock = field(default_factory=threading.Lock, repr=False)  # both threads drop
 
     def __post_init__(self) -> None:
         self._queue = queue.Queue(self.capacity)
@@ -45,7 +46,8 @@ class Reporter:
         try:
             self._queue.put_nowait(outcome)
         except queue.Full:
-            self.dropped += 1
+            with self._count:
+                self.dropped += 1
             return False
         return True
 
@@ -70,7 +72,8 @@ class Reporter:
                 self.send(items)
                 self.sent += len(items)
             except Exception as exc:  # the service down, a refusal, a full disk: counted, never raised
-                self.dropped += len(items)
+                with self._count:
+                    self.dropped += len(items)
                 self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
 
     def close(self, timeout_s: float = 5.0) -> None:

@@ -10,6 +10,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CHUNKPILOT_CACHE_DIR", tempfile.mkdtemp(prefix="chunkpilot-cache-"))
 # the telemetry of the tests' prefills: never into the repository's data/
 os.environ.setdefault("CHUNKPILOT_TELEMETRY_DIR", tempfile.mkdtemp(prefix="chunkpilot-telemetry-"))
+# answers are the model's own picks unless a test turns exploring on (tests/test_telemetry.py)
+os.environ.setdefault("CHUNKPILOT_EXPLORE_BUDGET", "0")
 
 
 @pytest.fixture(scope="session")

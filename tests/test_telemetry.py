@@ -19,7 +19,7 @@ from engine.predictor_client import AutoPolicy
 from engine.telemetry import Reporter, to_service
 from predictor.app import create_app
 from predictor.settings import Settings
-from training.data import merge_telemetry
+from training.data import load_table, merge_telemetry
 
 HARDWARE = Hardware(hardware_id="telemetry-test", matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9,
                     cores=2)  # fmt: skip
@@ -123,7 +123,9 @@ def test_a_burst_stays_within_the_queue_and_the_disk_cap(tmp_path):
 
 
 def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
+    """...and a config seen at one size only is kept for its level but never judged."""
     from chunkpilot.contract import Outcome
+    from training.slices import make_slices
 
     partition = Partition(tmp_path / "telemetry")
     fast = [Outcome.model_validate(outcome(ttft_ms=t, prefill_ms=t - 4)) for t in (43.5, 45.0, 44.0)]
@@ -131,9 +133,16 @@ def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
     lonely = [Outcome.model_validate(outcome(request={**outcome()["request"], "context_length": 2000},
                                              chunk_ms=[5.0] * 8))]  # fmt: skip
     partition.append(fast + slow + lonely)
-    rows = merge_telemetry(read_dataset(tmp_path / "telemetry")).sort_values("chunk_size")
-    assert rows.chunk_size.tolist() == [256, 500]  # the config seen at one size only is left out
-    assert rows.repeats.tolist() == [3, 1] and rows.ttft_ms.tolist() == [44.0, 70.0]  # medians
+    rows = merge_telemetry(read_dataset(tmp_path / "telemetry")).sort_values(["context_length", "chunk_size"])
+    assert rows[["context_length", "chunk_size", "repeats", "ttft_ms"]].values.tolist() == [
+        [1000, 256, 3, 44.0],
+        [1000, 500, 1, 70.0],
+        [2000, 256, 1, 43.5],
+    ]  # medians; fmt: skip
+    table = load_table(tmp_path / "telemetry")
+    lonely_group = table.configs.group[table.configs.context_length == 2000].item()
+    tested = {g for folds in make_slices(table.configs).values() for _, test in folds for g in test}
+    assert lonely_group in set(table.rows.group) and lonely_group not in tested
 
 
 def answer_with_runner_up(best_ms: float, other_ms: float):
@@ -230,11 +239,47 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     slices = json.loads(client.get_run(v2.run_id).data.params["slices"])
     assert slices["telemetry"] == 1  # the engine's own prefills judged as a slice of their own
     assert "mean_regret.telemetry" in client.get_run(v2.run_id).data.metrics
-    assert client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN].startswith("v2 ")
+    assert {"ttft", "telemetry"} <= {d.dataset.name for d in client.get_run(v2.run_id).inputs.dataset_inputs}
+    retrained = client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN]
+    assert retrained.startswith("v2 champion: champion v1's recipe retrained on 4 more rows"), retrained  # 2 x 2 sizes
 
     assert main(["retrain", "--data", str(tmp_path / "nothing")]) == 2  # a failed retrain: champion kept
     assert client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN].startswith("failed: DataError")
-    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) in ("1", "2")
+    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "2"  # still serving
     app = create_app(Settings(tracking_uri=uri, poll_interval_s=0, telemetry_dir=tmp_path / "t"))
     with serve(app) as url:
         assert httpx.get(f"{url}/readyz").json()["last_retrain"].startswith("failed: DataError")
+
+
+def test_a_service_killed_mid_append_leaves_every_file_readable(trained_store, tmp_path):
+    """kill -9 while batches are being appended: each file is whole or absent (written aside,
+    renamed into place), so the next reader reads every file and a whole number of batches."""
+    import os
+    import random
+    import signal
+    import time
+
+    from servers import answers, serve_process, wait_until
+
+    partition = tmp_path / "telemetry"
+    body = {"outcomes": [outcome() for _ in range(200)]}
+    with serve_process(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=partition) as (url, proc):
+        assert wait_until(lambda: answers(f"{url}/readyz"), seconds=60)
+
+        def blast() -> None:
+            while True:
+                try:
+                    httpx.post(f"{url}/v1/feedback", json=body, timeout=10)
+                except httpx.HTTPError:
+                    return  # the service is gone
+
+        senders = [threading.Thread(target=blast, daemon=True) for _ in range(2)]
+        for sender in senders:
+            sender.start()
+        assert wait_until(lambda: any(partition.rglob("batch-*.parquet")), seconds=30)
+        time.sleep(random.uniform(0.0, 0.5))
+        os.kill(proc.pid, signal.SIGKILL)
+        for sender in senders:
+            sender.join(timeout=20)
+    rows = read_dataset(partition)  # would raise on a torn file; stray temporaries are skipped
+    assert len(rows) >= 200 and len(rows) % 200 == 0

@@ -36,7 +36,9 @@ class Table:
     @property
     def configs(self) -> pd.DataFrame:
         """One row per config and machine (a `group`): the fields slices hold out by."""
-        return self.rows.drop_duplicates("group")[list(CONFIG_COLUMNS)].reset_index(drop=True)
+        sizes = self.rows.groupby("group", sort=False).chunk_size.nunique()
+        configs = self.rows.drop_duplicates("group")[list(CONFIG_COLUMNS)].reset_index(drop=True)
+        return configs.assign(sizes=configs.group.map(sizes).to_numpy())
 
     @property
     def best_chunk(self) -> pd.Series:
@@ -54,8 +56,8 @@ def _joined(lists: pd.Series) -> list[float]:
 
 def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
     """Telemetry holds one row per prefill: the rows of one (config, chunk size, machine) become one
-    whose times are medians over them, like a profiled row's repeats; a config seen at one chunk size
-    only says nothing about which size is better and is left out."""
+    whose times are medians over them, like a profiled row's repeats. A config seen at one chunk size
+    only still teaches this machine's TTFT level; slices.py never judges a choice on it."""
     seen = rows.spec_name == "telemetry"
     if not seen.any():
         return rows
@@ -66,7 +68,6 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
          "chunk_ms": lambda lists: np.median(np.stack(lists.to_list()), axis=0).tolist()}
     ).reset_index()  # fmt: skip
     merged["repeats"] = merged.ttft_repeats_ms.map(len)
-    merged = merged[merged.groupby(["config_key", "hardware_id"]).chunk_size.transform("nunique") >= 2]
     return pd.concat([rows[~seen], merged[rows.columns]], ignore_index=True)
 
 

@@ -48,7 +48,10 @@ def make_slices(configs: pd.DataFrame, context_folds: int = 3) -> dict[str, list
             for m in sorted(configs.model.unique())
             for h in sorted(configs.hardware_id.unique())
         ]
-    telemetry = configs.config_key.str.startswith(TELEMETRY_PREFIX)
+    telemetry = configs.config_key.str.startswith(TELEMETRY_PREFIX).to_numpy()
     if telemetry.any():  # trained on everything but the telemetry, judged on it
         slices["telemetry"] = [(configs.group[~telemetry].to_numpy(), configs.group[telemetry].to_numpy())]
+    # a prefill seen at one chunk size only trains the level but cannot judge a choice
+    unjudged = configs.group[telemetry & (configs.sizes < 2).to_numpy()].to_numpy()
+    slices = {name: [(train, np.setdiff1d(test, unjudged)) for train, test in folds] for name, folds in slices.items()}
     return {name: [f for f in folds if len(f[0]) and len(f[1])] for name, folds in slices.items() if folds}

@@ -58,6 +58,9 @@ def _log_dataset(table: Table, source: Path) -> None:
 
     lineage = table.rows.drop(columns=LISTS)
     mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(source), name="ttft"), context="training")
+    telemetry = lineage[lineage.spec_name == "telemetry"]
+    if len(telemetry):  # the engine's own prefills, their own input: the compare view shows how they grow
+        mlflow.log_input(mlflow.data.from_pandas(telemetry, source=str(source), name="telemetry"), context="training")
 
 
 def _log_model(
@@ -153,7 +156,9 @@ def train(
         new_regret = new["all"]
         final = TTFTRegressor(params)
         final.fit(table)
-        verdict = registry.gate(client, new, params, lambda recipe: slice_regrets(recipe, table, slices))
+        verdict = registry.gate(
+            client, new, params, len(table.rows), lambda recipe: slice_regrets(recipe, table, slices)
+        )
         with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
             mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
             version = _log_model(final, table, data, params, slices, trials, frames, predictions, verdict)

@@ -1,0 +1,268 @@
+"""Does the loop learn? A champion trained without this machine's rows serves a mixed workload
+through the engine's `auto` (telemetry on, bounded exploration), `chunkpilot retrain`'s training
+runs between rounds, and after each round the champion is scored on a fixed probe set of this
+machine against the hand rule, fixed 1024 and a reference model trained with this machine's full
+shipped profile.
+
+The probe set is measured once, before the rounds, the evaluator's way: every feasible chunk size
+of every probe prompt, interleaved and rotated over `--probe-rounds` rounds after a warm-up; a
+policy's regret is the median TTFT of the size it picks over the best size's, and its interval a
+bootstrap over those rounds. Scoring a champion costs no further measurement, so every round's
+champion is judged on the very same times.
+
+    .venv/bin/python bench/closed_loop.py [--rounds 3] [--prefills 40] [--explore 0.01] [--plot docs/closed_loop.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from chunkpilot.cli.processes import free_port, start_service, wait_ready
+from chunkpilot.contract import (
+    DEFAULT_CHUNKS,
+    PRESETS,
+    AttentionConfig,
+    ChunkRequest,
+    ModelShape,
+    feasible_chunks,
+    fit_chunk,
+    hand_rule,
+)
+from chunkpilot.registry import CHAMPION, MODEL_NAME
+from engine.engine import Engine, EngineConfig, Prompt
+from engine.hardware import fingerprint, local_hardware
+from engine.measure import interleaved
+from engine.policy import FixedPolicy
+from engine.predictor_client import AutoPolicy
+from engine.telemetry import Reporter, to_service
+from predictor.model import load_predictor
+from training.train import train
+
+SHIPPED = Path("data/ttft/cpu-shipped")
+SHAPE_FILE = "data/shapes/wide-shallow.yaml"
+MODELS = ["llama-tiny", "qwen2-gqa", SHAPE_FILE]
+# (model, tokens, window, layout): this deployment's kinds of prompt, none of them a profiled config;
+# the workload draws from them and the probe set is them, so the score is on the user's own prompts
+# fmt: off
+PROBES = [("llama-tiny", 800, None, "shift"), ("llama-tiny", 3000, 1024, "shift"), ("llama-tiny", 6000, 512, "ring"),
+          ("llama-tiny", 12000, 2048, "shift"), ("qwen2-gqa", 1500, None, "shift"), ("qwen2-gqa", 4000, 1024, "ring"),
+          ("qwen2-gqa", 6000, 2048, "shift"), (SHAPE_FILE, 500, None, "shift"), (SHAPE_FILE, 2500, 512, "shift"),
+          (SHAPE_FILE, 5000, 1024, "ring")]
+# fmt: on
+
+
+def train_into(store: Path, data: Path) -> str:
+    """`chunkpilot train` on `data` into the MLflow store at `store`; returns the gate's verdict."""
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
+    cwd = os.getcwd()
+    os.chdir(store)  # artifacts under store/mlruns
+    try:
+        return train(data).verdict.reason
+    finally:
+        os.chdir(cwd)
+
+
+Times = dict[int, dict[int, list[float]]]  # probe index -> chunk size -> TTFT ms over the rounds
+
+
+def ttft(engine: Engine, text: str, n: int, attention: AttentionConfig, chunk: int) -> float:
+    return engine.run(text, n, attention, FixedPolicy(chunk)).ttft_ms
+
+
+def measure_probes(engines: dict[str, Engine], rounds: int) -> Times:
+    """probe index -> chunk size -> TTFT ms over the rounds."""
+    times = {}
+    for i, (model, n, window, layout) in enumerate(PROBES):
+        engine, attention = engines[model], AttentionConfig(window=window, layout=layout)
+        text = engine.prompt_text(Prompt(num_tokens=n))
+        sizes, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
+        times[i] = interleaved({c: functools.partial(ttft, engine, text, n, attention, c) for c in sizes}, rounds)
+        print(f"  probe {i + 1}/{len(PROBES)} {model} {n} tokens w{window} {layout}: {len(sizes)} sizes", flush=True)
+    return times
+
+
+def probe_times(engines: dict[str, Engine], rounds: int, machine: str, path: Path) -> Times:
+    """The probe set's times: measured once per machine and kept in `path` (a rerun skips ~10 min)."""
+    key = {"machine": machine, "probes": PROBES, "rounds": rounds}
+    if path.is_file() and (kept := json.loads(path.read_text()))["key"] == json.loads(json.dumps(key)):
+        print(f"probe set: times of this machine from {path}", flush=True)
+        return {int(i): {int(c): v for c, v in sizes.items()} for i, sizes in kept["times"].items()}
+    print(f"measuring the probe set ({len(PROBES)} prompts, every size, {rounds} rounds)", flush=True)
+    times = measure_probes(engines, rounds)
+    path.write_text(json.dumps({"key": key, "times": times}))
+    return times
+
+
+def regret(
+    times: dict[int, dict[int, list[float]]], choices: dict[int, int], seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean regret over the probes, 95% bootstrap interval over rounds): median TTFT of the choice
+    over the best size's median, the same resampled rounds for every size of a probe."""
+    rounds = min(len(v) for t in times.values() for v in t.values())
+    draws = np.random.default_rng(seed).integers(0, rounds, (1000, rounds))
+
+    def mean_regret(index: np.ndarray) -> float:
+        out = []
+        for i, sizes in times.items():
+            med = {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()}
+            out.append(med[choices[i]] / min(med.values()) - 1)
+        return float(np.mean(out))
+
+    boot = [mean_regret(d) for d in draws]
+    return mean_regret(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+
+
+def model_choices(uri: str, hardware, threads: int) -> dict[int, int]:
+    """The registered champion's pick for each probe, asked as the engine asks."""
+    predictor = load_predictor(uri, MODEL_NAME, CHAMPION)
+    choices = {}
+    for i, (model, n, window, layout) in enumerate(PROBES):
+        shape = PRESETS.get(model) or ModelShape.from_file(Path(model))
+        attention = {"window": window, "layout": layout}
+        request = ChunkRequest(context_length=n, model=shape, attention=attention, threads=threads, hardware=hardware)
+        choices[i] = predictor.decide(request).chunk_size
+    return choices
+
+
+def workload(engines: dict[str, Engine], policy: AutoPolicy, count: int, rng: random.Random) -> float:
+    """`count` prefills drawn from the deployment's kinds of prompt; returns their total TTFT in ms."""
+    total = 0.0
+    for _ in range(count):
+        model, n, window, layout = rng.choice(PROBES)
+        engine = engines[model]
+        text = engine.prompt_text(Prompt(num_tokens=n, seed=rng.randrange(1000)))  # same length, other words
+        total += engine.run(text, n, AttentionConfig(window=window, layout=layout), policy).ttft_ms
+    return total
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prefills", type=int, default=40, help="workload prefills per round")
+    parser.add_argument("--explore", type=float, default=0.01, help="the service's exploration budget")
+    parser.add_argument("--probe-rounds", type=int, default=3)
+    parser.add_argument("--plot", type=Path, help="write the regret per round as a PNG")
+    parser.add_argument("--probe-times", type=Path, default=Path(tempfile.gettempdir()) / "chunkpilot-probe-times.json",
+                        help="where this machine's probe times are kept between runs")  # fmt: skip
+    args = parser.parse_args()
+    start = time.monotonic()
+    machine = fingerprint()["hardware_id"]
+    work = Path(tempfile.mkdtemp(prefix="chunkpilot-loop-"))
+    data = work / "data"
+    for folder in SHIPPED.iterdir():  # the shipped data without this machine's rows
+        if folder.name != machine:
+            shutil.copytree(folder, data / "shipped" / folder.name)
+    print(f"machine {machine}; champion trained on {', '.join(p.name for p in (data / 'shipped').iterdir())}; "
+          f"reference on all of {SHIPPED}; work in {work}", flush=True)  # fmt: skip
+    (work / "store").mkdir()
+    (work / "reference").mkdir()
+    print("training the champion (v1) and the reference", flush=True)
+    train_into(work / "store", data)
+    train_into(work / "reference", SHIPPED.resolve())
+    store_uri = f"sqlite:///{work / 'store' / 'mlflow.db'}"
+    reference_uri = f"sqlite:///{work / 'reference' / 'mlflow.db'}"
+
+    engines = {m: Engine(EngineConfig(model=m)) for m in MODELS}
+    threads = engines[MODELS[0]].runtime.threads
+    hardware = local_hardware("float32", threads)
+    times = probe_times(engines, args.probe_rounds, machine, args.probe_times)
+    fixed = {i: fit_chunk(1024, n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
+    rule = {i: fit_chunk(hand_rule(n), n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
+    reference = regret(times, model_choices(reference_uri, hardware, threads))
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    service = start_service(port, tracking_uri=store_uri, poll_interval_s=1, explore_budget=args.explore,
+                            telemetry_dir=data / "telemetry")  # fmt: skip
+    rows = []
+    rng = random.Random(0)
+    try:
+        wait_ready(url, service)
+        for k in range(args.rounds + 1):
+            champion = httpx.get(f"{url}/readyz").json()["version"]
+            row = {
+                "round": k,
+                "version": champion,
+                "champion": regret(times, model_choices(store_uri, hardware, threads)),
+            }
+            if k == args.rounds:
+                rows.append(row)
+                break
+            policy = AutoPolicy(url, 0.5, hardware, reporter=Reporter(to_service(url), capacity=4096))
+            served = workload(engines, policy, args.prefills, rng)
+            policy.close()
+            metrics = httpx.get(f"{url}/metrics").text
+            row |= {"served_s": served / 1e3, "sent": policy.reporter.sent, "dropped": policy.reporter.dropped,
+                    "accepted": metric(metrics, "chunkpilot_outcomes_total{result=\"accepted\"}"),
+                    "rejected": metric(metrics, "chunkpilot_outcomes_total{result=\"rejected\"}"),
+                    "explored": metric(metrics, "chunkpilot_explored_total"),
+                    "share": metric(metrics, "chunkpilot_explore_spent_share")}  # fmt: skip
+            row["verdict"] = train_into(work / "store", data)
+            rows.append(row)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and httpx.get(f"{url}/readyz").json()["version"] == champion:
+                if "champion kept" in row["verdict"]:
+                    break
+                time.sleep(0.5)
+            print(f"round {k + 1}: {row['verdict']}", flush=True)
+    finally:
+        service.terminate()
+        service.wait(timeout=20)
+
+    print(f"\nprobe set: {len(PROBES)} prompts on this machine, mean regret vs the measured best [95% interval]")
+    print(f"hand rule         {regret(times, rule)[0]:>7.1%}")
+    print(f"fixed 1024        {regret(times, fixed)[0]:>7.1%}")
+    print(f"reference         {reference[0]:>7.1%} [{reference[1]:.1%}, {reference[2]:.1%}]  (trained with this "
+          "machine's full shipped profile)")  # fmt: skip
+    print(f"\n{'round':<6}{'champion':>9}{'regret':>8}{'interval':>18}{'prefills':>9}{'accepted':>9}{'dropped':>8}"
+          f"{'rejected':>9}{'explored':>9}{'explore share':>14}")  # fmt: skip
+    for r in rows:
+        mean, low, high = r["champion"]
+        line = f"{r['round']:<6}{'v' + r['version']:>9}{mean:>8.1%}{f'[{low:.1%}, {high:.1%}]':>18}"
+        if "sent" in r:
+            line += (f"{args.prefills:>9}{r['accepted']:>9.0f}{r['dropped']:>8}{r['rejected']:>9.0f}"
+                     f"{r['explored']:>9.0f}{r['share']:>14.2%}")  # fmt: skip
+        print(line)
+    print(f"(round r: the champion after r retrains, scored before round r's workload; "
+          f"{(time.monotonic() - start) / 60:.1f} min in all)")  # fmt: skip
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ks = [r["round"] for r in rows]
+        ax.errorbar(ks, [r["champion"][0] for r in rows], yerr=np.array(
+            [[r["champion"][0] - r["champion"][1], r["champion"][2] - r["champion"][0]] for r in rows]).T,
+            marker="o", label="champion", capsize=3)  # fmt: skip
+        lines = (("hand rule", regret(times, rule)[0], "C1"), ("fixed 1024", regret(times, fixed)[0], "C2"),
+                 ("reference (full local profile)", reference[0], "C3"))  # fmt: skip
+        for label, value, color in lines:
+            ax.axhline(value, linestyle="--", linewidth=1, label=label, color=color)
+        ax.set_xticks(ks)
+        ax.set_xlabel("retrains")
+        ax.set_ylabel("mean regret on the probe set")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
