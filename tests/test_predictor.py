@@ -50,7 +50,8 @@ def server(trained_store):
 def test_round_trip_model_then_cache(server):
     first = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
     assert first["source"] == "model" and first["model_version"] == "1"
-    assert first["chunk_size"] <= 512 and first["chunk_size"] == first["top"][0]["chunk_size"]
+    # the recipe's pick (ranker order with the regressor's levels): not always the lowest level in `top`
+    assert first["chunk_size"] <= 512 and not first["explored"]
     assert [c["predicted_ttft_ms"] for c in first["top"]] == sorted(c["predicted_ttft_ms"] for c in first["top"])
     assert first["rule"]["chunk_size"] == 512  # the hand rule, cut to the ring's window
     again = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
