@@ -237,7 +237,7 @@ class RequestFeatures(Contract):
         return max_chunk(self.context_length, self.attention.window, self.attention.layout)
 
     def fit(self, chunk: int) -> int:
-        return min(chunk, self.max_chunk)
+        return fit_chunk(chunk, self.context_length, self.attention.window, self.attention.layout)
 
     def row(self, hardware: Mapping[str, Any]) -> dict[str, Any]:
         """The dataset's config columns (the feature builder's input, less the chunk size): the profiler

@@ -95,15 +95,15 @@ class ServiceState:
         key = request.model_dump_json()
         hit = cache.get(key)
         if hit is not None and hit.model_version == predictor.version:
-            decision, source = hit, "cache"
+            pick, source = hit, "cache"
         else:
-            decision, source = predictor.decide(request), "model"
-            cache.put(key, decision)  # the model's own pick: exploring is decided per answer
-        decision = self.explorer.answer(decision, predictor.uncertainty)
-        if decision.explored:
+            pick, source = predictor.decide(request), "model"
+            cache.put(key, pick)  # the model's own pick: exploring is decided per answer
+        answer = self.explorer.answer(pick, predictor.uncertainty)
+        if answer.explored:
             self.metrics.explored.inc()
-        self.metrics.decisions.labels(str(decision.chunk_size), source).inc()
-        return decision, source
+        self.metrics.decisions.labels(str(answer.chunk_size), source).inc()
+        return answer, source
 
     def poll_forever(self, stop: threading.Event) -> None:
         """Re-check the alias every poll_interval_s until stopped."""
