@@ -173,8 +173,10 @@ def read_dataset(root: Path) -> pd.DataFrame:
 
 def model_name(shape: ModelShape) -> str:
     """A preset's name, else a name for the shape (the `model` column that slices hold out by)."""
-    digest = hashlib.sha1(shape.model_dump_json().encode()).hexdigest()[:8]
-    return next((name for name, preset in PRESETS.items() if preset == shape), f"shape-{digest}")
+    for name, preset in PRESETS.items():
+        if preset == shape:
+            return name
+    return f"shape-{hashlib.sha1(shape.model_dump_json().encode()).hexdigest()[:8]}"
 
 
 def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
@@ -216,11 +218,12 @@ class Partition:
             write_config(self.directory / hardware_id, f"batch-{time.time_ns()}-{os.getpid()}", group)
             for hardware_id, group in rows.groupby("hardware_id", sort=False)
         ]
-        files = sorted(self.directory.rglob("batch-*.parquet"), key=lambda p: p.stat().st_mtime_ns)
-        total = sum(p.stat().st_size for p in files)
-        for oldest in files:
+        found = ((p, p.stat()) for p in self.directory.rglob("batch-*.parquet"))
+        files = sorted((st.st_mtime_ns, st.st_size, p) for p, st in found)  # one stat per file
+        total = sum(size for _, size, _ in files)
+        for _, size, oldest in files:  # oldest first
             if total <= self.max_bytes:
                 break
-            total -= oldest.stat().st_size
+            total -= size
             oldest.unlink()
         return written
