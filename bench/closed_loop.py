@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from mlflow import MlflowClient
 
 from chunkpilot.cli.processes import free_port, start_service, wait_ready
 from chunkpilot.contract import (
@@ -62,15 +63,19 @@ PROBES = [("llama-tiny", 800, None, "shift"), ("llama-tiny", 3000, 1024, "shift"
 # fmt: on
 
 
-def train_into(store: Path, data: Path) -> str:
-    """`chunkpilot train` on `data` into the MLflow store at `store`; returns the gate's verdict."""
+def train_into(store: Path, data: Path) -> tuple[str, str]:
+    """`chunkpilot train` on `data` into the MLflow store at `store`; returns (what the gate did, the
+    champion's version after it)."""
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
     cwd = os.getcwd()
     os.chdir(store)  # artifacts under store/mlruns
     try:
-        return train(data).verdict.reason
+        result = train(data)
     finally:
         os.chdir(cwd)
+    said = f"v{result.version} {result.verdict.alias}: {result.verdict.reason}"
+    champion = MlflowClient().get_model_version_by_alias(MODEL_NAME, CHAMPION).version
+    return (f"{result.settled}; {said}" if result.settled else said), str(champion)
 
 
 Times = dict[int, dict[int, list[float]]]  # probe index -> chunk size -> TTFT ms over the rounds
@@ -212,12 +217,10 @@ def main() -> None:
                     "rejected": metric(metrics, "chunkpilot_outcomes_total{result=\"rejected\"}"),
                     "explored": metric(metrics, "chunkpilot_explored_total"),
                     "share": metric(metrics, "chunkpilot_explore_spent_share")}  # fmt: skip
-            row["verdict"] = train_into(work / "store", data)
+            row["verdict"], serving = train_into(work / "store", data)
             rows.append(row)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and httpx.get(f"{url}/readyz").json()["version"] == champion:
-                if "champion kept" in row["verdict"]:
-                    break
+            deadline = time.monotonic() + 30  # the service's alias poll picks a promotion up
+            while time.monotonic() < deadline and httpx.get(f"{url}/readyz").json()["version"] != serving:
                 time.sleep(0.5)
             print(f"round {k + 1}: {row['verdict']}", flush=True)
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -179,6 +179,15 @@ class AttentionConfig(Contract):
         if self.layout == "ring" and self.window is not None and chunk_size > self.window:
             raise ConfigError("chunk_size", f"ring layout needs chunk_size <= window ({self.window}); got {chunk_size}")
 
+    def check_schedule(self, schedule: Sequence[int], context_length: int) -> None:
+        """Chunk sizes in order: each >= 1 and fitting the layout, together the whole prompt."""
+        if not schedule or min(schedule) < 1:
+            raise ConfigError("chunk_size", f"a schedule's sizes must be >= 1; got {list(schedule)[:8]}")
+        self.check_chunk(max(schedule))
+        if sum(schedule) != context_length:
+            raise ConfigError("chunk_size", f"a schedule must sum to the prompt's {context_length} tokens; got "
+                              f"{sum(schedule)}")  # fmt: skip
+
     @property
     def row_layout(self) -> str:
         """The dataset's layout column: `none` without a window."""
@@ -266,6 +275,7 @@ class ChunkRequest(RequestFeatures):
     candidates: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)]] | None = Field(
         default=None, min_length=1, max_length=MAX_CANDIDATES, description="chunk sizes to choose from"
     )
+    schedule: bool = Field(default=False, description="also answer a chunk schedule (needs a per-chunk cost model)")
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ChunkRequest:
@@ -343,6 +353,12 @@ def hand_rule(context_length: int) -> int:
 def max_chunk(context_length: int, window: int | None, layout: str) -> int:
     """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
     return min(context_length, window) if layout == "ring" and window else context_length
+
+
+def uniform(context_length: int, chunk: int) -> list[int]:
+    """One chunk size as a schedule: chunks of `chunk` tokens, the last one what is left."""
+    whole, rest = divmod(context_length, chunk)
+    return [chunk] * whole + ([rest] if rest else [])
 
 
 def fit_chunk(chunk: int, context_length: int, window: int | None, layout: str) -> int:

@@ -1,6 +1,8 @@
 """The registered model: its name and aliases, the promotion gate (the champion's recipe re-measured
-on the new run's held-out slices), registering a trained run, and reading a version back for the
-service. The one place that knows how a model sits in MLflow; mlflow is imported lazily."""
+on the new run's held-out slices; a model that learnt from the engine's own prefills waits as the
+challenger until it beats the champion on prefills neither has seen), registering a trained run,
+and reading a version back for the service. The one place that knows how a model sits in MLflow;
+mlflow is imported lazily."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ MODEL_NAME = "chunk-size-predictor"
 CHAMPION, CHALLENGER = "champion", "challenger"
 LEGACY = {"rule_margin": 0.0, "rank_with_ranker": False}  # what a recipe logged before these keys existed did
 RANKER = "ranker.lgb"  # beside the model: its order within a config combined with the model's levels
+CHUNK_COST = "chunk_cost.lgb"  # beside the model, when the data has per-chunk times: what schedules are chosen by
 HARDWARE = "hardware.json"  # the machines of the training data, by hardware_id
 LAST_RETRAIN = "last_retrain"  # registered-model tag: what the latest training did, or why it failed
+WAITS = "waits_for_telemetry"  # version tag of a challenger that `settle` may promote
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class Verdict:
     reason: str
     champion_version: str | None  # the champion it was compared with
     champion_regret: float | None
+    waits: bool = False  # a challenger that learnt from telemetry: `settle` may promote it later
 
 
 def judge(
@@ -55,23 +60,32 @@ def judge(
 
 
 def gate(
-    client, new: dict[str, float], params: dict, rows: int, remeasure: Callable[[dict], dict[str, float]]
+    client, new: dict[str, float], params: dict, rows: tuple[int, int], remeasure: Callable[[dict], dict[str, float]]
 ) -> Verdict:
-    """The promotion gate: the current champion's recipe scored on this run's slices by `remeasure`
-    (mean regret per slice and `all`). Training is deterministic, so the champion's own recipe scores
-    the same and is not run again; retrained on more rows (new telemetry, a new profile) it is
-    promoted: it has seen more of the machines it serves and cannot do worse on these slices."""
+    """The promotion gate for a freshly trained model; `rows` is (profiled rows, telemetry prefills)
+    of its data. Another recipe is scored against the champion's recipe re-measured on this run's slices
+    by `remeasure` (mean regret per slice and `all`). The champion's own recipe (training is
+    deterministic) retrained on more profiled rows is promoted: profiles are measured the careful
+    way and it has seen more of the machines it serves. Retrained on more telemetry, single and
+    noisy prefills, it becomes the challenger: `settle` promotes it once it has beaten the champion
+    on this machine's prefills that came after it."""
     from mlflow.exceptions import MlflowException
 
     try:
         version = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
     except MlflowException:
         return judge(new["all"], None)
-    recipe = {**LEGACY, **json.loads(client.get_run(version.run_id).data.params.get("lgbm_params", "{}"))}
+    run = client.get_run(version.run_id).data.params
+    recipe = {**LEGACY, **json.loads(run.get("lgbm_params", "{}"))}
     if recipe == params:
-        trained = int(client.get_run(version.run_id).data.params.get("rows", 0))
-        if rows > trained:
-            return Verdict(CHAMPION, f"champion v{version.version}'s recipe retrained on {rows - trained} more rows "
+        more = rows[0] - int(run.get("profiled_rows", run.get("rows", 0)))
+        telemetry = rows[1] - int(run.get("telemetry_prefills", 0))
+        if telemetry > 0:
+            return Verdict(CHALLENGER, f"champion v{version.version}'s recipe retrained on {telemetry} more prefills "
+                           "of telemetry: the challenger until it beats the champion on prefills it has not seen",
+                           version.version, new["all"], waits=True)  # fmt: skip
+        if more > 0:
+            return Verdict(CHAMPION, f"champion v{version.version}'s recipe retrained on {more} more profiled rows "
                            f"(held-out mean regret {new['all']:.4f} on these slices either way)",
                            version.version, new["all"])  # fmt: skip
     old = new if recipe == params else remeasure(recipe)
@@ -79,12 +93,48 @@ def gate(
     return judge(new["all"], (version.version, old["all"]), telemetry)
 
 
-def register(client, version: str, verdict: Verdict, new_regret: float) -> None:
-    """Move the verdict's alias to the freshly logged `version` and record why."""
+MIN_BUCKETS = 3  # configs with both models' choices measured before a challenger is judged on telemetry
+
+
+def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]]) -> str | None:
+    """Judge a waiting challenger (a version newer than the champion) against the champion on this
+    machine's prefills that finished after the challenger was registered, which neither model has
+    seen: `compare(challenger, champion, since_ms)` gives their mean regrets and the number of
+    configs measured at both choices. Strictly better on at least MIN_BUCKETS configs: it becomes
+    champion. Returns what happened (None: no challenger waiting)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        champion = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
+        challenger = client.get_model_version_by_alias(MODEL_NAME, CHALLENGER)
+    except MlflowException:
+        return None
+    if int(challenger.version) <= int(champion.version) or challenger.tags.get(WAITS) != "true":
+        return None
+    theirs, ours, buckets = compare(str(challenger.version), str(champion.version), challenger.creation_timestamp)
+    name, held = f"challenger v{challenger.version}", f"champion v{champion.version}"
+    if buckets < MIN_BUCKETS:
+        return f"{name} not judged yet: {buckets} configs of the prefills since it was registered measure both " \
+               f"models' choices (needs {MIN_BUCKETS})"  # fmt: skip
+    verdict = f"mean regret {theirs:.4f} vs {held}'s {ours:.4f} on {buckets} configs of prefills neither had seen"
+    if theirs >= ours:
+        return f"{name} not promoted: {verdict}"
+    client.set_registered_model_alias(MODEL_NAME, CHAMPION, challenger.version)
+    client.delete_registered_model_alias(MODEL_NAME, CHALLENGER)
+    client.set_model_version_tag(MODEL_NAME, challenger.version, "promotion", f"promoted from challenger: {verdict}")
+    return f"{name} promoted: {verdict}"
+
+
+def register(client, version: str, verdict: Verdict, new_regret: float, settled: str | None = None) -> None:
+    """Move the verdict's alias to the freshly logged `version` and record why (after what `settle`
+    did to the challenger before it, if anything)."""
     client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
     client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
     client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)
-    record_retrain(client, f"v{version} {verdict.alias}: {verdict.reason}")
+    client.set_model_version_tag(MODEL_NAME, version, WAITS, str(verdict.waits).lower())
+    record_retrain(
+        client, f"v{version} {verdict.alias}: {verdict.reason}" + (f" (before it: {settled})" if settled else "")
+    )
 
 
 def record_retrain(client, outcome: str) -> None:
@@ -105,6 +155,14 @@ def last_retrain(tracking_uri: str, name: str = MODEL_NAME) -> str | None:
         return MlflowClient(tracking_uri=tracking_uri).get_registered_model(name).tags.get(LAST_RETRAIN)
 
 
+def alias_version(tracking_uri: str, name: str, alias: str) -> str:
+    """The version behind `name@alias` (MlflowException when there is none)."""
+    from mlflow import MlflowClient
+
+    with quiet_mlflow():
+        return str(MlflowClient(tracking_uri=tracking_uri).get_model_version_by_alias(name, alias).version)
+
+
 @dataclass(frozen=True)
 class Stored:
     """A registered version as files on this machine plus what its run recorded."""
@@ -113,21 +171,23 @@ class Stored:
     run_id: str
     model_file: Path  # LightGBM's text format, never a pickle
     ranker_file: Path | None
+    chunk_cost_file: Path | None
     hardware: dict
     recipe: dict
     rows: int
     metrics: dict[str, float]
+    waits: bool  # a challenger that learnt from telemetry, waiting for `settle`
 
 
-def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION) -> Stored:
-    """`name@alias` downloaded from the store."""
+def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, version: str | None = None) -> Stored:
+    """`name@alias` (or `version`) downloaded from the store."""
     import mlflow
     from mlflow import MlflowClient
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a model load, not a download to watch
     with quiet_mlflow():
         client = MlflowClient(tracking_uri=tracking_uri)
-        version = client.get_model_version_by_alias(name, alias)
+        version = client.get_model_version(name, version) if version else client.get_model_version_by_alias(name, alias)
         mlflow.set_tracking_uri(tracking_uri)
         local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}"))
         model_files = list(local.glob("*.lgb"))
@@ -148,8 +208,10 @@ def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION) -> S
             run_id=version.run_id,
             model_file=model_files[0],
             ranker_file=artifact(RANKER) if recipe["rank_with_ranker"] else None,
+            chunk_cost_file=artifact(CHUNK_COST) if run.data.params.get("chunk_cost") == "true" else None,
             hardware=json.loads(artifact(HARDWARE).read_text()),
             recipe=recipe,
             rows=int(run.data.params.get("rows", 0)),
             metrics={k: v for k, v in run.data.metrics.items() if not math.isnan(v)},
+            waits=version.tags.get(WAITS) == "true",
         )

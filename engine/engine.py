@@ -8,13 +8,22 @@ from dataclasses import asdict, dataclass, field
 import torch
 from pydantic import Field, model_validator
 
-from chunkpilot.contract import AttentionConfig, AttnImpl, ConfigError, Contract, Dtype, RequestFeatures, number
+from chunkpilot.contract import (
+    AttentionConfig,
+    AttnImpl,
+    ConfigError,
+    Contract,
+    Dtype,
+    RequestFeatures,
+    number,
+    uniform,
+)
 
 from . import runtime
 from .kv_cache import ChunkCache
 from .measure import interleaved
 from .models import load_model
-from .policy import ChunkPolicy
+from .policy import ChunkPolicy, Decision
 from .prefill import clock_ms, decode_one_token, prefill
 from .tokenizer import load_tokenizer, synthetic_text
 
@@ -46,10 +55,22 @@ class Prompt:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to prefill: its tokens and chunk decision, and what each took to get."""
+
+    ids: torch.Tensor  # [1, N]
+    request: RequestFeatures
+    decision: Decision
+    tokenize_ms: float
+    decision_ms: float
+
+
 @dataclass
 class TTFTResult:
     context_length: int
-    chunk_size: int
+    chunk_size: int  # a schedule's first chunk
+    schedule: list[int] | None  # the chunk sizes, when the policy chose a schedule
     num_chunks: int
     decision_source: str
     decision_model_version: str | None
@@ -123,38 +144,51 @@ class Engine:
             context_length, self.shape, attention, self.config.dtype, self.runtime.threads, self.config.attn_impl
         )
 
-    @torch.inference_mode()
     def run(self, text: str, max_tokens: int | None, attention: AttentionConfig, policy: ChunkPolicy) -> TTFTResult:
         """One request, timed: tokenize, ask the policy, prefill in chunks, first decode step."""
-        runtime.reset_peak_memory(self.device)
+        started = clock_ms(self.device)
+        return self.execute(self.prepare(text, max_tokens, attention, policy), policy, started)
+
+    def prepare(self, text: str, max_tokens: int | None, attention: AttentionConfig, policy: ChunkPolicy) -> Prepared:
+        """Tokenize and ask the policy: what a stream does for the next request during this one's prefill."""
         t0 = clock_ms(self.device)
         ids = torch.tensor([self.tokenizer.encode(text).ids[:max_tokens]], device=self.device)  # [1, N]
         t1 = clock_ms(self.device)
-        n = self.check_context(ids.shape[1])
-        request = self.features(n, attention)
+        request = self.features(self.check_context(ids.shape[1]), attention)
         decision = policy.choose(request)
-        chunk = min(decision.chunk_size, n)
+        return Prepared(ids, request, decision, t1 - t0, clock_ms(self.device) - t1)
+
+    @torch.inference_mode()
+    def execute(self, prepared: Prepared, policy: ChunkPolicy, started: float) -> TTFTResult:
+        """Prefill in chunks and the first decode step; TTFT counts from `started` (clock_ms), the
+        moment the request's turn began, so preparation done before it is not counted."""
+        runtime.reset_peak_memory(self.device)
+        ids, request, decision = prepared.ids, prepared.request, prepared.decision
+        n = request.context_length
+        chunks = decision.schedule or uniform(n, min(decision.chunk_size, n))
+        request.attention.check_schedule(chunks, n)
         t2 = clock_ms(self.device)
-        cache = ChunkCache(self.shape.local_layers, attention)
-        logits, chunk_ms = prefill(self.model, cache, ids, chunk, self.config.attn_impl)
+        cache = ChunkCache(self.shape.local_layers, request.attention)
+        logits, chunk_ms = prefill(self.model, cache, ids, chunks, self.config.attn_impl)
         first = logits.argmax(-1)  # [1]
         t3 = clock_ms(self.device)
         decode_one_token(self.model, cache, first, n, self.config.attn_impl)
         t4 = clock_ms(self.device)
         result = TTFTResult(
             context_length=n,
-            chunk_size=chunk,
+            chunk_size=chunks[0],
+            schedule=list(decision.schedule) if decision.schedule else None,
             num_chunks=len(chunk_ms),
             decision_source=decision.source,
             decision_model_version=decision.model_version,
             decision_reason=decision.reason,
             decision_explored=decision.explored,
             first_token=int(first),
-            tokenize_ms=t1 - t0,
-            decision_ms=t2 - t1,
+            tokenize_ms=prepared.tokenize_ms,
+            decision_ms=prepared.decision_ms,
             prefill_ms=t3 - t2,
             first_decode_ms=t4 - t3,
-            ttft_ms=t4 - t0,
+            ttft_ms=t4 - started,
             chunk_ms=chunk_ms,
             kv_cache_bytes=cache.nbytes,
             peak_memory_bytes=runtime.peak_memory_bytes(self.device),

@@ -16,6 +16,7 @@ class Decision:
     model_version: str | None = None
     reason: str | None = None  # why a fallback fell back
     explored: bool = False  # the service answered another candidate than its pick, to learn from it
+    schedule: tuple[int, ...] | None = None  # chunk sizes in order, instead of one size (chunk_size: the first)
 
 
 class ChunkPolicy(Protocol):
@@ -58,13 +59,35 @@ class RulePolicy:
         return Decision(request.fit(hand_rule(request.context_length)), "rule")
 
 
+@dataclass(frozen=True)
+class SchedulePolicy:
+    """Chunk sizes in order (Sarathi-Serve's decreasing chunks, say): the last repeats until the prompt
+    is covered and the final chunk is cut to what is left, so one pattern serves any prompt."""
+
+    sizes: tuple[int, ...]
+    name: str = "schedule"
+
+    def choose(self, request: RequestFeatures) -> Decision:
+        chunks: list[int] = []
+        left = request.context_length
+        while left > 0:
+            chunks.append(min(self.sizes[min(len(chunks), len(self.sizes) - 1)], left))
+            left -= chunks[-1]
+        request.attention.check_schedule(chunks, request.context_length)
+        return Decision(chunks[0], "schedule", schedule=tuple(chunks))
+
+
 def parse_policy(value: str | int) -> ChunkPolicy:
-    """`--chunk-size`: a positive integer, `full` or `rule`."""
+    """`--chunk-size`: a positive integer, `full`, `rule` or a schedule `1024,512,256`."""
     if value == "full":
         return FullPolicy()
     if value == "rule":
         return RulePolicy()
     try:
+        if isinstance(value, str) and "," in value:
+            return SchedulePolicy(tuple(number("chunk_size", v.strip(), int, ge=1) for v in value.split(",")))
         return FixedPolicy(number("chunk_size", value, int, ge=1))
     except ConfigError:
-        raise ConfigError("chunk_size", f"must be a positive integer, 'full' or 'rule'; got {value!r}") from None
+        raise ConfigError(
+            "chunk_size", f"must be a positive integer, 'full', 'rule' or sizes like 1024,512; got {value!r}"
+        ) from None

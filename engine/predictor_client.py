@@ -39,9 +39,19 @@ def bucket(request: RequestFeatures) -> tuple:
     )
 
 
-def ask(request: RequestFeatures, hardware: Hardware) -> ChunkRequest:
-    """The service's question about `request` on this machine."""
-    return ChunkRequest(**dict(request), hardware=hardware)
+def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) -> ChunkRequest:
+    """The service's question about `request` on this machine (and for its schedule, if asked)."""
+    return ChunkRequest(**dict(request), hardware=hardware, schedule=schedule)
+
+
+def checked_schedule(schedule: object, request: RequestFeatures) -> tuple[int, ...] | None:
+    """An answered schedule the engine can run (else ValueError): sizes that fit and sum to the prompt."""
+    if schedule is None:
+        return None
+    if not isinstance(schedule, list) or not all(isinstance(c, int) for c in schedule):
+        raise ValueError(f"schedule {schedule!r} is not a list of chunk sizes")
+    request.attention.check_schedule(schedule, request.context_length)
+    return tuple(schedule)
 
 
 _warned = False
@@ -102,7 +112,7 @@ class Observing:
     reporter: Reporter | None
 
     def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
-        if self.reporter is not None:
+        if self.reporter is not None and result.schedule is None:  # the dataset's rows are one size each
             self.reporter.report(outcome(ask(request, self.hardware), result))
 
     def close(self) -> None:
@@ -118,25 +128,26 @@ class AutoPolicy(Observing):
     breaker: Breaker = field(default_factory=Breaker)
     cache_ttl_s: float = CACHE_TTL_S
     reporter: Reporter | None = None  # telemetry of each prefill (engine/telemetry.py)
+    schedule: bool = False  # ask for a chunk schedule too (the service's per-chunk cost model)
     name: str = "auto"
 
     def __post_init__(self) -> None:
         self.client = httpx.Client(base_url=self.url, timeout=self.timeout_s)  # keep-alive across prefills
         self.version: str | None = None  # the model version of the latest answer
-        self.answers: dict[tuple, tuple[int, float]] = {}  # (version, bucket) -> (chunk, answered at)
+        self.answers: dict[tuple, tuple[int, tuple[int, ...] | None, float]] = {}  # -> (chunk, schedule, at)
         self.last_error = "no answer yet"
 
     def choose(self, request: RequestFeatures) -> Decision:
-        key = bucket(request)
+        key = (*bucket(request), request.context_length) if self.schedule else bucket(request)  # a schedule: its n
         cached = self.answers.get((self.version, key))
-        if cached is not None and time.monotonic() - cached[1] < self.cache_ttl_s:
-            return Decision(request.fit(cached[0]), "cache", self.version)
+        if cached is not None and time.monotonic() - cached[2] < self.cache_ttl_s:
+            return Decision(request.fit(cached[0]), "cache", self.version, schedule=cached[1])
         if not self.breaker.allows():
             return fall_back(
                 request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"
             )
         try:
-            chunk, version, explored = self._ask(request)
+            chunk, version, explored, schedule = self._ask(request)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
             self.breaker.record(False)
             self.last_error = failure_reason(exc, self.url, self.timeout_s)
@@ -145,17 +156,19 @@ class AutoPolicy(Observing):
         if version != self.version:  # a promotion: answers of the old model go
             self.version, self.answers = version, {}
         if not explored:  # an exploration is for this prefill only
-            self.answers[(version, key)] = (chunk, time.monotonic())
-        return Decision(chunk, "service", version, explored=explored)
+            self.answers[(version, key)] = (chunk, schedule, time.monotonic())
+        return Decision(chunk, "service", version, explored=explored, schedule=schedule)
 
-    def _ask(self, request: RequestFeatures) -> tuple[int, str, bool]:
-        response = self.client.post("/v1/chunk-size", json=ask(request, self.hardware).model_dump(mode="json"))
+    def _ask(self, request: RequestFeatures) -> tuple[int, str, bool, tuple[int, ...] | None]:
+        body = ask(request, self.hardware, self.schedule).model_dump(mode="json")
+        response = self.client.post("/v1/chunk-size", json=body)
         response.raise_for_status()
         answer = response.json()
         chunk = answer["chunk_size"]
         if not isinstance(chunk, int) or not 1 <= chunk <= request.max_chunk:
             raise ValueError(f"infeasible chunk {chunk!r} (allowed 1..{request.max_chunk})")
-        return chunk, str(answer["model_version"]), bool(answer.get("explored", False))
+        schedule = checked_schedule(answer.get("schedule"), request)
+        return chunk, str(answer["model_version"]), bool(answer.get("explored", False)), schedule
 
     def close(self) -> None:
         self.client.close()
@@ -171,6 +184,7 @@ class InProcessPolicy(Observing):
     model_name: str = MODEL_NAME
     alias: str = CHAMPION
     reporter: Reporter | None = None
+    schedule: bool = False  # answer a chunk schedule too (the per-chunk cost model)
     name: str = "auto"
 
     def __post_init__(self) -> None:
@@ -182,7 +196,8 @@ class InProcessPolicy(Observing):
         from predictor.model import Infeasible
 
         try:
-            decision = self.predictor.decide(ask(request, self.hardware))
+            answer = self.predictor.decide(ask(request, self.hardware, self.schedule))
         except (Infeasible, ValueError) as exc:  # the rule always has an answer
             return fall_back(request, f"the in-process model cannot answer: {str(exc).splitlines()[0]}")
-        return Decision(decision.chunk_size, "in-process", decision.model_version)
+        schedule = None if answer.schedule is None else tuple(answer.schedule)
+        return Decision(answer.chunk_size, "in-process", answer.model_version, schedule=schedule)

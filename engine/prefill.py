@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
+
+from chunkpilot.contract import uniform
 
 from .attention import StepMasks
 from .kv_cache import ChunkCache
@@ -35,14 +38,17 @@ def forward_step(
 
 
 def prefill(
-    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, chunk_size: int, attn_impl: str
+    model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, chunks: int | Sequence[int], attn_impl: str
 ) -> tuple[torch.Tensor, list[float]]:
-    """The prompt `ids` [1, N] in chunks -> (logits of position N-1 [1, V], each chunk's ms)."""
-    chunk_ms = []
-    for start in range(0, ids.shape[1], chunk_size):
+    """The prompt `ids` [1, N] in chunks of one size, or of a schedule (sizes in order, summing to N)
+    -> (logits of position N-1 [1, V], each chunk's ms)."""
+    sizes = uniform(ids.shape[1], chunks) if isinstance(chunks, int) else chunks
+    chunk_ms, start = [], 0
+    for size in sizes:
         t0 = clock_ms(ids.device)
-        logits = forward_step(model, cache, ids[:, start : start + chunk_size], start, attn_impl)
+        logits = forward_step(model, cache, ids[:, start : start + size], start, attn_impl)
         chunk_ms.append(clock_ms(ids.device) - t0)
+        start += size
     return logits, chunk_ms
 
 

@@ -15,6 +15,7 @@ from chunkpilot.choice import pick
 from chunkpilot.contract import DEFAULT_CHUNKS, ChunkRequest, Hardware, feasible_chunks, fit_chunk, hand_rule, max_chunk
 from chunkpilot.features import base_log_ms, build
 
+from .schedule import best_schedule
 from .schemas import Candidate
 
 TOP = 5  # candidates returned with their predictions
@@ -39,6 +40,7 @@ class Answer:
     rule: Candidate
     model_version: str
     explored: bool = False  # a candidate other than the model's pick, on purpose (predictor/explore.py)
+    schedule: list[int] | None = None  # chunk sizes in order, when asked and a per-chunk model is served
 
 
 def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:
@@ -72,6 +74,8 @@ class Predictor:
     info: dict = field(default_factory=dict)  # shown by GET /v1/model
     ranker: lgb.Booster | None = None  # its order within the config combined with the levels
     rule_margin: float = 0.0  # the rule's size unless the pick is predicted to save more (training's recipe)
+    waits: bool = False  # a challenger waiting to be judged on prefills it has not seen (registry.settle)
+    chunk_cost: lgb.Booster | None = None  # the per-chunk cost model: schedules, when asked
 
     @property
     def uncertainty(self) -> float:
@@ -105,12 +109,17 @@ class Predictor:
         score = None if self.ranker is None else self.ranker.predict(x[: len(chunks)], num_threads=1).tolist()
         best, _ = pick(log_ms[: len(chunks)], score, chunks.index(rule) if rule in chunks else None, self.rule_margin)
         rule_ms = ms[sizes.index(rule)]
+        schedule = None
+        if request.schedule and self.chunk_cost is not None:
+            limit = max_chunk(n, att.window, att.layout)
+            schedule = best_schedule(self.chunk_cost, x[0], n, chunks, limit)[0]
         return Answer(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
             top=[Candidate(chunk_size=chunks[i], predicted_ttft_ms=ms[i]) for i in order[:TOP]],
             rule=Candidate(chunk_size=rule, predicted_ttft_ms=rule_ms),
             model_version=self.version,
+            schedule=schedule,
         )
 
 
@@ -160,6 +169,8 @@ def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
         "held_out": stored.metrics,
     }
     booster = lgb.Booster(model_file=str(stored.model_file))
-    predictor = Predictor(stored.version, booster, stored.hardware, info, ranker, rule_margin)
+    chunk_cost = None if stored.chunk_cost_file is None else lgb.Booster(model_file=str(stored.chunk_cost_file))
+    info["schedules"] = chunk_cost is not None
+    predictor = Predictor(stored.version, booster, stored.hardware, info, ranker, rule_margin, stored.waits, chunk_cost)
     predictor.decide(smoke_request(stored.hardware))
     return predictor

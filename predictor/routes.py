@@ -63,6 +63,7 @@ def _response(decision: Answer, source: str) -> ChunkResponse:
         model_version=decision.model_version,
         source=source,
         explored=decision.explored,
+        schedule=decision.schedule,
     )
 
 
@@ -90,8 +91,9 @@ async def livez() -> dict:
 async def readyz(state: State) -> JSONResponse:
     if state.predictor is None:
         return JSONResponse({"ready": False, "reason": state.not_ready}, status_code=503)
-    return JSONResponse({"ready": True, "version": state.predictor.version, "last_reload_error": state.last_error,
-                         "last_retrain": state.last_retrain})  # fmt: skip
+    challenger = state.challenger.version if state.challenger else None  # whose picks exploring measures
+    return JSONResponse({"ready": True, "version": state.predictor.version, "challenger": challenger,
+                         "last_reload_error": state.last_error, "last_retrain": state.last_retrain})  # fmt: skip
 
 
 @router.post("/v1/feedback", responses={401: {}, 403: {}})

@@ -38,6 +38,7 @@ class ChunkResponse(BaseModel):
     model_version: str
     source: Literal["model", "cache"]
     explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
+    schedule: list[int] | None = None  # when asked: chunk sizes in order, by the per-chunk cost model
 
 
 class BatchResponse(BaseModel):

@@ -4,6 +4,7 @@ and answered its smoke request."""
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from chunkpilot import registry
 from chunkpilot.contract import ChunkRequest
 from chunkpilot.dataset import Partition
+from chunkpilot.registry import CHALLENGER
 
 from .explore import Explorer
 from .model import Answer, AnswerCache, Predictor, load_predictor
@@ -53,6 +55,7 @@ class ServiceState:
     settings: Settings
     metrics: ServiceMetrics
     predictor: Predictor | None = None
+    challenger: Predictor | None = None  # a newer version waiting to be judged; exploring measures its picks
     cache: AnswerCache = field(init=False)
     telemetry: Partition = field(init=False)
     explorer: Explorer = field(init=False)
@@ -82,6 +85,7 @@ class ServiceState:
                     self.not_ready = reason
                 self.metrics.reloads.labels("failed").inc()
                 return reason
+            self.challenger = self._waiting_challenger(loaded)
             if self.predictor is not None and loaded.version == self.predictor.version and not force:
                 return f"version {loaded.version} already serving"
             self.predictor, self.cache, self.last_error = loaded, AnswerCache(s.cache_size), None
@@ -89,6 +93,24 @@ class ServiceState:
             self.metrics.model_version.set(float(loaded.version))
             self.metrics.reloads.labels("swapped").inc()
             return f"serving version {loaded.version}"
+
+    def _waiting_challenger(self, champion: Predictor) -> Predictor | None:
+        """The challenger alias when it is newer than the champion and waits for telemetry (kept
+        loaded between polls); None when exploring is off or there is none."""
+        s, current = self.settings, self.challenger
+        if s.explore_budget <= 0:
+            return None
+        try:
+            if (
+                current is not None
+                and registry.alias_version(s.tracking_uri, s.model_name, CHALLENGER) == current.version
+            ):
+                found = current
+            else:
+                found = load_predictor(s.tracking_uri, s.model_name, CHALLENGER)
+        except Exception:  # no challenger (or one that does not load): explore as without one
+            return None
+        return found if found.waits and int(found.version) > int(champion.version) else None
 
     def decide(self, request: ChunkRequest) -> tuple[Answer, str]:
         predictor, cache = self.predictor, self.cache  # one consistent pair, even during a swap
@@ -99,7 +121,15 @@ class ServiceState:
         else:
             pick, source = predictor.decide(request), "model"
             cache.put(key, pick)  # the model's own pick: exploring is decided per answer
-        answer = self.explorer.answer(pick, predictor.uncertainty)
+        challenger = self.challenger
+        if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
+            answer = pick
+        else:
+            shadow = None if challenger is None else challenger.decide(request).chunk_size
+            similar = (
+                f"{round(4 * math.log2(request.context_length))}|{request.model_dump_json(exclude={'context_length'})}"
+            )
+            answer = self.explorer.answer(pick, predictor.uncertainty, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()
         self.metrics.decisions.labels(str(answer.chunk_size), source).inc()

@@ -49,10 +49,22 @@ def test_fixed_and_full_respect_the_ring_rule():
     assert FullPolicy().choose(request(500, ring)).chunk_size == 500
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "1.5", "auto?", "", "True"])
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "auto?", "", "True", "512,0", "512,", "256,x"])
 def test_parse_policy_rejects(value):
-    with pytest.raises(ConfigError, match="chunk_size: must be a positive integer, 'full' or 'rule'"):
+    with pytest.raises(ConfigError, match="chunk_size: must be a positive integer, 'full', 'rule' or sizes like"):
         parse_policy(value)
+
+
+def test_a_schedule_pattern_covers_any_prompt():
+    decreasing = parse_policy("1024, 512,256")
+    assert decreasing.choose(request(3000, AttentionConfig())).schedule == (1024, 512, 256, 256, 256, 256, 256, 184)
+    assert decreasing.choose(request(700, AttentionConfig())).schedule == (700,)  # cut to the prompt
+    decision = decreasing.choose(request(1300, AttentionConfig(window=1024, layout="ring")))
+    assert decision.schedule == (1024, 276) and decision.chunk_size == 1024 and decision.source == "schedule"
+    with pytest.raises(ConfigError, match="chunk_size: ring layout needs chunk_size <= window"):
+        decreasing.choose(request(3000, AttentionConfig(window=512, layout="ring")))
+    with pytest.raises(ConfigError, match="chunk_size: a schedule must sum to the prompt's 100 tokens; got 90"):
+        AttentionConfig().check_schedule([64, 26], 100)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Chunked prefill + first decode step equals one reference forward, for every preset, layout,
-sinks setting and chunk size (1, a non-divisor, = window, > window, one-shot)."""
+sinks setting and chunk size (1, a non-divisor, = window, > window, one-shot), and for schedules
+(chunk sizes that change along the prompt)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,19 @@ def test_eager_kernel_matches_too(engines, preset, attn_name):
         check(engines(preset), ATTENTION[attn_name], chunk, "eager")
 
 
+# sizes in order summing to N: decreasing (Sarathi-Serve), increasing, mixed; ring ones fit the window
+SCHEDULES = {"shift": [[W + 8, W, 7, 7, 1, 9], [1, 7, W, 40]], "ring": [[W, 7, 1, W, 8, W], [1, 1, 7, 7, W, W, W]]}
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("attn_name", list(ATTENTION))
+def test_a_schedule_matches_one_forward(engines, preset, attn_name):
+    attention = ATTENTION[attn_name]
+    for schedule in SCHEDULES["ring" if attention.layout == "ring" and attention.window else "shift"]:
+        assert sum(schedule) == N
+        check(engines(preset), attention, schedule, "sdpa")
+
+
 BF16_ATOL = 0.05  # bf16 keeps 8 bits of mantissa; different chunkings round differently
 
 
@@ -111,3 +125,17 @@ def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, data)
     max_chunk = min(n, window) if layout == "ring" else n
     chunk = data.draw(st.integers(1, max_chunk), label="chunk")
     check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), chunk, "sdpa", n=n)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, 79), max_size=12, unique=True),
+    sinks=st.integers(0, 6),
+    layout=st.sampled_from(["shift", "ring"]),
+)
+def test_any_schedule(engines, cuts, sinks, layout):
+    """Chunk boundaries anywhere in an 80-token prompt (a ring needs each chunk <= its window)."""
+    bounds = [0, *sorted(cuts), 80]
+    schedule = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    window = max(schedule) if layout == "ring" else 12
+    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), schedule, "sdpa", n=80)

@@ -12,7 +12,15 @@ import httpx
 import pytest
 from servers import free_port, serve
 
-from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome, RequestFeatures
+from chunkpilot.contract import (
+    DEFAULT_CHUNKS,
+    AttentionConfig,
+    ChunkRequest,
+    Hardware,
+    Outcome,
+    RequestFeatures,
+    feasible_chunks,
+)
 from chunkpilot.dataset import Partition, read_dataset
 from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy
@@ -167,6 +175,19 @@ def test_exploration_stays_within_its_budget_and_only_where_the_model_is_unsure(
     assert not any(off.answer(answer_with_runner_up(100.0, 100.5), uncertainty=0.2).explored for _ in range(100))
 
 
+def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget():
+    from predictor.explore import Explorer
+
+    explorer = Explorer(budget=0.05)
+    # the model is sure (a 30% gap), but a challenger picks the other size: worth measuring, if affordable
+    answers = [explorer.answer(answer_with_runner_up(100.0, 130.0), 0.05, shadow=768) for _ in range(200)]
+    explored = [a for a in answers if a.explored]
+    assert 0 < len(explored) < 200 and all(a.chunk_size == 768 for a in explored)
+    assert explorer.spent_share <= 0.05
+    agreeing = Explorer(budget=0.5)  # a challenger that agrees (or picks outside the top) changes nothing
+    assert not any(agreeing.answer(answer_with_runner_up(100.0, 130.0), 0.05, shadow=s).explored for s in (512, 64))
+
+
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):
     requests = [
         ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE)
@@ -185,17 +206,20 @@ def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trai
     with serve(create_app(settings(0.5))) as url:  # generous: exploring whenever the model is unsure
         given = answers(url)
         metrics = httpx.get(f"{url}/metrics").text
+        again = answers(url)  # never twice running for the same request: this time the picks are measured
         unsure = next(r for r, a in zip(requests, given, strict=True) if a["explored"])
         policy = AutoPolicy(url, 2.0, HARDWARE)
-        features = RequestFeatures(**{k: v for k, v in dict(unsure).items() if k not in ("hardware", "candidates")})
-        decisions = [policy.choose(features) for _ in range(10)]
+        features = RequestFeatures(**{k: v for k, v in dict(unsure).items() if k in RequestFeatures.model_fields})
+        decisions = [policy.choose(features) for _ in range(3)]
         policy.close()
     assert not any(p["explored"] for p in picks)
     explored = [(p, a) for p, a in zip(picks, given, strict=True) if a["explored"]]
     assert all(a["chunk_size"] != p["chunk_size"] for p, a in explored)  # another candidate than the pick
     assert f"chunkpilot_explored_total {float(len(explored))}" in metrics
     assert 0 < float(metrics.split("\nchunkpilot_explore_spent_share ")[1].split()[0]) <= 0.5
-    assert all(d.explored and d.source == "service" for d in decisions)  # asked each time, never from the cache
+    assert all(a["chunk_size"] == p["chunk_size"] for p, a, g in zip(picks, again, given, strict=True) if g["explored"])
+    # an explored answer is for its prefill only: the engine asks again, and caches only the pick
+    assert [(d.source, d.explored) for d in decisions] == [("service", True), ("service", False), ("cache", False)]
 
 
 def test_the_gate_keeps_a_champion_the_challenger_loses_to_on_recent_prefills():
@@ -207,6 +231,8 @@ def test_the_gate_keeps_a_champion_the_challenger_loses_to_on_recent_prefills():
 
 
 def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_dataset, tmp_path, engines, monkeypatch):
+    """A retrain on telemetry makes a challenger, not a champion; the next retrain judges it against
+    the champion on the prefills that came after it (which neither has seen) and says so."""
     import shutil
 
     from conftest import train_into_store
@@ -222,33 +248,87 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     shutil.copytree(small_dataset, root / "profiled")
     engine = engines("llama-tiny")
     text = engine.prompt_text(Prompt(num_tokens=700))
-    outcomes = []
-    for n, window in ((700, None), (500, 128)):  # two configs, each measured at two sizes, twice
-        request = ChunkRequest(**dict(engine.features(n, AttentionConfig(window=window))), hardware=HARDWARE)
-        for _ in range(2):
-            for chunk in (128, 256):
+
+    def prefills(configs, every_size: bool = False) -> None:  # as the engine reports them
+        outcomes = []
+        for n, window in configs:
+            request = ChunkRequest(**dict(engine.features(n, AttentionConfig(window=window))), hardware=HARDWARE)
+            sizes = feasible_chunks(DEFAULT_CHUNKS, n, window, "shift")[0] if every_size else [128, 256] * 2
+            for chunk in sizes:
                 result = engine.run(text, n, AttentionConfig(window=window), FixedPolicy(chunk))
                 outcomes.append(Outcome.model_validate({**as_outcome(request, result), "source": "service"}))
-    Partition(root / "telemetry").append(outcomes)
+        Partition(root / "telemetry").append(outcomes)
 
+    prefills([(700, None), (500, 128)])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     assert main(["retrain", "--data", str(root)]) == 0
     client = MlflowClient(tracking_uri=uri)
+
+    def retrained() -> str:
+        return client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN]
+
+    def alias(name: str) -> str:
+        return str(client.get_model_version_by_alias(MODEL_NAME, name).version)
+
     v2 = client.get_model_version(MODEL_NAME, "2")
     slices = json.loads(client.get_run(v2.run_id).data.params["slices"])
     assert slices["telemetry"] == 1  # the engine's own prefills judged as a slice of their own
     assert "mean_regret.telemetry" in client.get_run(v2.run_id).data.metrics
     assert {"ttft", "telemetry"} <= {d.dataset.name for d in client.get_run(v2.run_id).inputs.dataset_inputs}
-    retrained = client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN]
-    assert retrained.startswith("v2 champion: champion v1's recipe retrained on 4 more rows"), retrained  # 2 x 2 sizes
+    assert retrained().startswith("v2 challenger: champion v1's recipe retrained on 8 more prefills"), retrained()
+    assert (alias("champion"), alias("challenger")) == ("1", "2")  # v1 keeps serving meanwhile
+    exploring = Settings(tracking_uri=uri, poll_interval_s=0, telemetry_dir=tmp_path / "t", explore_budget=0.5)
+    with serve(create_app(exploring)) as url:  # the service measures the waiting challenger's picks
+        assert httpx.get(f"{url}/readyz").json()["challenger"] == "2"
+
+    prefills([(600, None), (400, 128), (650, 256)], every_size=True)  # after v2: seen by neither v1 nor v2
+    assert main(["retrain", "--data", str(root)]) == 0
+    judged = retrained().split("(before it: ")[1]
+    assert "on 3 configs of prefills neither had seen" in judged, judged
+    promoted = judged.startswith("challenger v2 promoted")
+    assert promoted or judged.startswith("challenger v2 not promoted")
+    theirs, ours = (float(x.split()[0]) for x in judged.split("mean regret ")[1].split("'s "))
+    assert promoted == (theirs < ours)
+    assert alias("champion") == ("2" if promoted else "1") and alias("challenger") == "3"
 
     assert main(["retrain", "--data", str(tmp_path / "nothing")]) == 2  # a failed retrain: champion kept
-    assert client.get_registered_model(MODEL_NAME).tags[LAST_RETRAIN].startswith("failed: DataError")
-    assert str(client.get_model_version_by_alias(MODEL_NAME, "champion").version) == "2"  # still serving
+    assert retrained().startswith("failed: DataError")
+    assert alias("champion") == ("2" if promoted else "1")  # still serving
     app = create_app(Settings(tracking_uri=uri, poll_interval_s=0, telemetry_dir=tmp_path / "t"))
     with serve(app) as url:
         assert httpx.get(f"{url}/readyz").json()["last_retrain"].startswith("failed: DataError")
+
+
+def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_unseen_prefills(tmp_path):
+    """registry.settle's rule with a fake judge (a unit test: the comparison itself is the test
+    above): a real store holding a champion and a challenger that learnt from telemetry."""
+    from mlflow import MlflowClient
+
+    from chunkpilot import registry
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.create_registered_model(registry.MODEL_NAME)
+    for _ in range(2):
+        client.create_model_version(registry.MODEL_NAME, source=str(tmp_path))
+    client.set_registered_model_alias(registry.MODEL_NAME, registry.CHAMPION, "1")
+    client.set_registered_model_alias(registry.MODEL_NAME, registry.CHALLENGER, "2")
+    assert registry.settle(client, lambda *_: (0.0, 0.1, 9)) is None  # not a telemetry challenger: never
+    client.set_model_version_tag(registry.MODEL_NAME, "2", registry.WAITS, "true")
+    asked = []
+
+    def judge(regrets: tuple[float, float, int]):
+        return lambda *args: asked.append(args) or regrets
+
+    assert "not judged yet: 2 configs" in registry.settle(client, judge((0.01, 0.03, 2)))
+    assert "not promoted" in registry.settle(client, judge((0.03, 0.03, 5)))  # a tie keeps the champion
+    assert (
+        asked[0][:2] == ("2", "1")
+        and asked[0][2] == client.get_model_version(registry.MODEL_NAME, "2").creation_timestamp
+    )
+    assert registry.settle(client, judge((0.01, 0.03, 5))).startswith("challenger v2 promoted: mean regret 0.0100")
+    assert str(client.get_model_version_by_alias(registry.MODEL_NAME, registry.CHAMPION).version) == "2"
+    assert registry.settle(client, judge((0.0, 0.1, 9))) is None  # nothing waits any more
 
 
 def test_a_service_killed_mid_append_leaves_every_file_readable(trained_store, tmp_path):

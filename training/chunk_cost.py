@@ -11,55 +11,10 @@ from dataclasses import dataclass, field
 import lightgbm as lgb
 import numpy as np
 
-from chunkpilot.features import FEATURES
+from chunkpilot.chunk_features import chunk_features, predict_chunk_ms
 
 from .data import Table
 from .policies import DEFAULT_PARAMS, Choice, argmin_per_group, quiet_lgb
-
-# what a chunk's cost can depend on besides q and h: the model, the attention set-up, the machine
-CONFIG = [
-    "window",
-    "has_window",
-    "layout",
-    "sinks",
-    "local_fraction",
-    "num_layers",
-    "hidden_size",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "parameters",
-    "dtype_bytes",
-    "attn_impl",
-    "threads",
-    "matmul_gflops",
-    "bandwidth_gbs",
-    "call_overhead_ms",
-    "cores",
-    "l2_cache_mib",
-    "l3_cache_mib",
-]
-CHUNK = ["query_tokens", "history", "keys", "chunk_gflop", "score_mib", "chunk_compute_ms", "log_base_ms"]
-COLUMNS = {name: FEATURES.index(name) for name in CONFIG}
-
-
-def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """[chunks, CONFIG + CHUNK]: `config` [chunks, FEATURES] is each chunk's config row."""
-    col = {name: config[:, j] for name, j in COLUMNS.items()}
-    window = np.where(col["has_window"] > 0, col["window"], np.inf)
-    layers, heads, hd = col["num_layers"], col["num_heads"], col["head_dim"]
-    local = layers * col["local_fraction"]
-    keys_local, keys_global = np.minimum(h, window) + q, h + q
-    d, kv, ff = col["hidden_size"], col["num_kv_heads"], col["intermediate_size"]
-    linear = 2 * q * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
-    attention = 4 * heads * hd * q * (local * keys_local + (layers - local) * keys_global)
-    compute_ms = (linear + attention) / (col["matmul_gflops"] * 1e9) * 1e3
-    base = np.log(compute_ms + layers * col["call_overhead_ms"] + 0.1)
-    keys = np.where(local > 0, keys_local, keys_global)
-    chunk = [q, h, keys, (linear + attention) / 1e9, heads * q * keys * 4 / 2**20, compute_ms, base]
-    return np.column_stack([config[:, list(COLUMNS.values())], *chunk])
 
 
 def expand(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -90,12 +45,12 @@ class PerChunkCost:
 
     def predict_ms(self, table: Table) -> np.ndarray:
         owner, q, h = expand(table)
-        x = chunk_features(table.x[owner], q, h)
-        per_chunk = np.exp(self.booster.predict(x) + x[:, -1])
-        prefill = np.bincount(owner, weights=per_chunk, minlength=len(table.rows))
+        prefill = np.bincount(
+            owner, weights=predict_chunk_ms(self.booster, table.x[owner], q, h), minlength=len(table.rows)
+        )
         n = table.rows.context_length.to_numpy(float)
-        decode = chunk_features(table.x, np.ones_like(n), n)  # the first decode step: one token after n
-        return prefill + np.exp(self.booster.predict(decode) + decode[:, -1]) + self.tokenize_ms_per_token * n
+        decode = predict_chunk_ms(self.booster, table.x, np.ones_like(n), n)  # the first decode step: one token after n
+        return prefill + decode + self.tokenize_ms_per_token * n
 
     def choose(self, test: Table) -> Choice:
         predicted = self.predict_ms(test)

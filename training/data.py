@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkpilot.contract import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.dataset import DataError, read_dataset
 from chunkpilot.features import INPUT_COLUMNS, build
 
@@ -87,7 +88,43 @@ def load_table(path: Path) -> Table:
     if duplicated.any():
         row = rows[duplicated].iloc[0]
         raise DataError("data", f"{path}: config {row.config_key} has chunk size {row.chunk_size} twice")
-    rows["group"] = rows.config_key + "@" + rows.hardware_id  # a config measured on one machine
+    return table_of(rows)
+
+
+def table_of(rows: pd.DataFrame) -> Table:
+    """Checked rows -> groups (a config measured on one machine), sorted, with their features."""
+    rows = rows.assign(group=rows.config_key + "@" + rows.hardware_id)
     rows = rows.sort_values(["group", "chunk_size"], kind="stable").reset_index(drop=True)
     x = build({c: rows[c].to_numpy() for c in INPUT_COLUMNS})
     return Table(rows, x, np.log(rows.ttft_ms.to_numpy()))
+
+
+def telemetry_since(path: Path, since: pd.Timestamp) -> Table | None:
+    """The engine's prefills that finished after `since`, merged per (config, size, machine), only
+    the configs measured at two sizes or more: what can judge a choice between models trained
+    before `since` (None: nothing to judge on)."""
+    rows = read_dataset(Path(path))
+    rows = rows[(rows.spec_name == "telemetry") & (rows.finished_at > since)]
+    if rows.empty:
+        return None
+    rows = merge_telemetry(rows)
+    rows = rows[rows.groupby(["config_key", "hardware_id"]).chunk_size.transform("nunique") >= 2]
+    return table_of(rows) if len(rows) else None
+
+
+def every_candidate(table: Table) -> Table:
+    """Each config with a row for every chunk size it can run (those the service chooses from):
+    measured ones keep their TTFT, the others have none (NaN), so a choice among all candidates
+    can be told apart from a choice among the measured."""
+    out = []
+    for _, r in table.rows.groupby("group", sort=False):
+        first = r.iloc[0]
+        window = int(first.window) or None
+        sizes, _ = feasible_chunks(DEFAULT_CHUNKS, int(first.context_length), window, first.layout)
+        measured = dict(zip(r.chunk_size, r.ttft_ms, strict=True))
+        out.append(
+            pd.DataFrame([first] * len(sizes)).assign(
+                chunk_size=sizes, ttft_ms=[measured.get(c, np.nan) for c in sizes]
+            )
+        )
+    return table_of(pd.concat(out, ignore_index=True).drop(columns="group"))

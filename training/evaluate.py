@@ -4,11 +4,16 @@ held-out configs, and summarise per slice."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from .data import Table
+from chunkpilot import registry
+
+from .data import Table, every_candidate, telemetry_since
 from .metrics import METRICS, records, summarize_regret
+from .policies import TTFTRegressor
 from .slices import Fold
 
 
@@ -38,6 +43,33 @@ def cross_validate(
     return pd.concat(frames, ignore_index=True), pd.concat(
         predictions, ignore_index=True
     ) if predictions else pd.DataFrame()
+
+
+def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, float], tuple[float, float, int]]:
+    """registry.settle's judge: two registered versions, as they serve (each choosing among every
+    candidate), on the configs of the prefills after `since_ms` where both choices were measured ->
+    (their mean regrets against the best measured size, the number of those configs)."""
+
+    def compare(challenger: str, champion: str, since_ms: float) -> tuple[float, float, int]:
+        recent = telemetry_since(data, pd.Timestamp(since_ms, unit="ms", tz="UTC"))
+        if recent is None:
+            return float("nan"), float("nan"), 0
+        every = every_candidate(recent)
+        picks = [
+            TTFTRegressor.load(registry.fetch(tracking_uri, version=v)).choose(every).chunks
+            for v in (challenger, champion)
+        ]
+        regrets: tuple[list[float], list[float]] = ([], [])
+        for g, r in recent.rows.groupby("group", sort=False):
+            measured = dict(zip(r.chunk_size, r.ttft_ms, strict=True))
+            if all(p[g] in measured for p in picks):
+                for regret, p in zip(regrets, picks, strict=True):
+                    regret.append(measured[p[g]] / min(measured.values()) - 1)
+        if not regrets[0]:
+            return float("nan"), float("nan"), 0
+        return float(np.mean(regrets[0])), float(np.mean(regrets[1])), len(regrets[0])
+
+    return compare
 
 
 def slice_metrics(frame: pd.DataFrame) -> dict[str, dict[str, float]]:

@@ -15,6 +15,7 @@ import pandas as pd
 from chunkpilot.choice import pick
 from chunkpilot.contract import fit_chunk, hand_rule
 from chunkpilot.features import FEATURES, MONOTONE, base_log_ms, history_sum, keys_sum
+from chunkpilot.registry import Stored
 
 from .data import Table
 
@@ -265,6 +266,17 @@ class TTFTRegressor:
         self.ranker = ChunkRanker() if ranked else None
         if self.ranker is not None:
             self.ranker.fit(train)
+
+    @classmethod
+    def load(cls, stored: Stored) -> TTFTRegressor:
+        """A registered version as it serves: its booster, its ranker and its recipe's rule margin."""
+        model = cls(stored.recipe, f"v{stored.version}")
+        model.booster, model.rule_margin = lgb.Booster(model_file=str(stored.model_file)), stored.recipe["rule_margin"]
+        model.ranker = None
+        if stored.ranker_file is not None:
+            model.ranker = ChunkRanker()
+            model.ranker.model = lgb.Booster(model_file=str(stored.ranker_file))
+        return model
 
     def predict_log_ms(self, table: Table) -> np.ndarray:
         return self.booster.predict(table.x) + base_log_ms(table.x)

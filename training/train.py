@@ -16,11 +16,12 @@ from chunkpilot import registry
 from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.registry import Verdict
-from chunkpilot.tracking import quiet_mlflow, use_experiment
+from chunkpilot.tracking import quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots
+from .chunk_cost import PerChunkCost
 from .data import Table, load_table
-from .evaluate import cross_validate, flat, slice_metrics
+from .evaluate import cross_validate, flat, on_recent_telemetry, slice_metrics
 from .policies import DEFAULT_PARAMS, TTFTRegressor, baselines, variants
 from .search import search, slice_regrets
 from .slices import make_slices
@@ -31,6 +32,7 @@ class TrainResult:
     metrics: dict[str, dict[str, dict[str, float]]]  # policy -> slice -> metric
     version: str
     verdict: Verdict
+    settled: str | None  # what the gate did to a waiting challenger first
     seconds: float
     rows: int
     configs: int
@@ -63,8 +65,26 @@ def _log_dataset(table: Table, source: Path) -> None:
         mlflow.log_input(mlflow.data.from_pandas(telemetry, source=str(source), name="telemetry"), context="training")
 
 
+def _row_counts(table: Table) -> tuple[int, int]:
+    """(profiled rows, telemetry prefills): what the gate weighs differently."""
+    telemetry = table.rows.spec_name == "telemetry"
+    return int((~telemetry).sum()), int(table.rows.repeats[telemetry].sum())
+
+
+def fit_chunk_cost(table: Table, params: dict) -> PerChunkCost | None:
+    """The per-chunk cost model on every config with per-chunk times (dataset v2 and telemetry),
+    served beside the model to choose schedules; None when no row has them."""
+    timed = table.rows.group[table.rows.chunk_ms.notna()].unique()
+    if len(timed) == 0:
+        return None
+    model = PerChunkCost(params)
+    model.fit(table.subset(timed))
+    return model
+
+
 def _log_model(
     final: TTFTRegressor,
+    chunk_cost: PerChunkCost | None,
     table: Table,
     data: Path,
     params: dict,
@@ -91,8 +111,10 @@ def _log_model(
             "lgbm_params": json.dumps(params, sort_keys=True),
             "features": ",".join(FEATURES),
             "rows": len(table.rows),
+            **dict(zip(("profiled_rows", "telemetry_prefills"), _row_counts(table), strict=True)),
             "configs": table.rows.group.nunique(),
             "slices": json.dumps({k: len(v) for k, v in slices.items()}),
+            "chunk_cost": str(chunk_cost is not None).lower(),
         }
     )
     booster = final.booster
@@ -101,6 +123,8 @@ def _log_model(
     mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE)
     if final.ranker is not None:
         mlflow.log_text(final.ranker.model.booster_.model_to_string(), registry.RANKER)
+    if chunk_cost is not None:
+        mlflow.log_text(chunk_cost.booster.model_to_string(), registry.CHUNK_COST)
     if trials:
         mlflow.log_dict({"trials": trials}, "search_trials.json")
     for figure, name in (
@@ -156,14 +180,18 @@ def train(
         new_regret = new["all"]
         final = TTFTRegressor(params)
         final.fit(table)
+        settled = registry.settle(client, on_recent_telemetry(data, tracking_uri()))
         verdict = registry.gate(
-            client, new, params, len(table.rows), lambda recipe: slice_regrets(recipe, table, slices)
+            client, new, params, _row_counts(table), lambda recipe: slice_regrets(recipe, table, slices)
         )
         with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
             mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
-            version = _log_model(final, table, data, params, slices, trials, frames, predictions, verdict)
-        registry.register(client, version, verdict, new_regret)
-    return TrainResult(metrics, version, verdict, time.monotonic() - start, len(table.rows), table.rows.group.nunique())
+            chunk_cost = fit_chunk_cost(table, params)
+            version = _log_model(final, chunk_cost, table, data, params, slices, trials, frames, predictions, verdict)
+        registry.register(client, version, verdict, new_regret, settled)
+    return TrainResult(
+        metrics, version, verdict, settled, time.monotonic() - start, len(table.rows), table.rows.group.nunique()
+    )
 
 
 def format_result(result: TrainResult) -> str:
@@ -201,6 +229,8 @@ def format_result(result: TrainResult) -> str:
         if not losses
         else "the model does NOT beat: " + ", ".join(losses)
     )
+    if result.settled:
+        lines.append(result.settled)
     lines.append(
         f"registered {registry.MODEL_NAME} v{result.version} as {result.verdict.alias}: {result.verdict.reason}"
     )

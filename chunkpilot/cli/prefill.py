@@ -36,6 +36,8 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictor-timeout-ms", default="50", help="give up on the service after this long")
     parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
     parser.add_argument("--no-telemetry", action="store_true", help="auto: do not report the prefills' outcomes")
+    parser.add_argument("--schedule", action="store_true", help="auto: ask for a chunk schedule (sizes that change "
+                        "along the prompt) chosen by the per-chunk cost model, when the champion has one")  # fmt: skip
     parser.add_argument("--telemetry-dir", type=Path, help="auto --in-process: the local partition of the outcomes "
                         "(default: $CHUNKPILOT_TELEMETRY_DIR, else data/ttft/telemetry, as the service)")  # fmt: skip
 
@@ -54,9 +56,9 @@ def auto_policy(args: argparse.Namespace, engine):
 
         directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY)
         reporter = None if args.no_telemetry else Reporter(to_partition(directory))
-        return InProcessPolicy(tracking_uri(), hardware, reporter=reporter)
+        return InProcessPolicy(tracking_uri(), hardware, reporter=reporter, schedule=args.schedule)
     reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url))
-    return AutoPolicy(args.predictor_url, timeout_ms / 1e3, hardware, reporter=reporter)
+    return AutoPolicy(args.predictor_url, timeout_ms / 1e3, hardware, reporter=reporter, schedule=args.schedule)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -64,11 +66,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
+    prompt.add_argument("--prompts", type=Path, help="a stream: JSON lines of {\"text\": ...} or "
+                        "{\"context_length\": N, \"seed\": S}, served one after another")  # fmt: skip
+    parser.add_argument("--no-overlap", action="store_true", help="--prompts: prepare each request on its turn, "
+                        "not during the previous prefill")  # fmt: skip
     parser.add_argument("--context-length", help="prompt length in tokens: synthetic text, or a cap on a given text")
     parser.add_argument(
         "--chunk-size",
         default="rule",
-        help="a positive integer, 'full' (one shot), 'rule' or 'auto' (ask the predictor)",
+        help="a positive integer, 'full' (one shot), 'rule', 'auto' (ask the predictor) or a schedule "
+        "'1024,512,256' (sizes in order, the last repeated until the prompt is covered)",
     )
     add_predictor_args(parser)
     add_attention_args(parser)
@@ -91,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.policy import parse_policy  # light: check what needs no model before loading torch
 
     policy = None if args.chunk_size == "auto" else parse_policy(args.chunk_size)
+    if args.prompts is not None:
+        from .stream import run_stream
+
+        return run_stream(args, policy)
     repeats = number("repeats", args.repeats, int, ge=1, le=1000)
     text = read_prompt(args)
     num_tokens = None if args.context_length is None else number("context_length", args.context_length, int, ge=1)
@@ -140,11 +151,13 @@ def format_report(report: dict) -> str:
     cfg, rt, med = report["config"], report["runtime"], report["median"]
     att = cfg["attention"]
     window = "none" if att["window"] is None else f"{att['window']} ({att['layout']}, sinks {att['sinks']})"
+    schedule = report["schedule"]
+    chunks = f"schedule {','.join(map(str, schedule))}" if schedule else f"chunk {report['chunk_size']}"
     lines = [
         f"model     {cfg['model']} ({cfg['family']}, {cfg['parameters'] / 1e6:.1f}M params) {cfg['dtype']} "
         f"attn={cfg['attn_impl']} on {rt['device']}, {rt['threads']} threads",
         f"window    {window}",
-        f"prompt    {report['context_length']} tokens, chunk {report['chunk_size']} ({report['decision_source']}) "
+        f"prompt    {report['context_length']} tokens, {chunks} ({report['decision_source']}) "
         f"-> {report['num_chunks']} chunks",
         *([f"fallback  {report['decision_reason']}"] if report["decision_reason"] else []),
         f"memory    KV cache {report['kv_cache_bytes'] / 2**20:.1f} MiB, "

@@ -1,0 +1,98 @@
+"""Do chunk schedules beat one chunk size here? For each prompt, first every feasible uniform size is
+measured (interleaved, rotated, after a warm-up) to find the best; then, interleaved in one run,
+that best uniform size, the schedule the champion's per-chunk cost model predicts (what `auto
+--schedule` runs), and a small measured search of two-phase schedules around the best size (the
+first half of the prompt in one size, the rest in another: Sarathi-Serve's decreasing chunks and
+their opposites). Ratios are medians over rounds against the best uniform size, with bootstrap 95%
+intervals over the rounds. Needs a champion with a per-chunk model: run `chunkpilot train` first.
+
+    .venv/bin/python bench/schedules.py [--model llama-tiny] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import numpy as np
+
+from chunkpilot.contract import DEFAULT_CHUNKS, AttentionConfig, feasible_chunks
+from chunkpilot.tracking import tracking_uri
+from engine.engine import Engine, EngineConfig, Prompt
+from engine.hardware import local_hardware
+from engine.measure import interleaved
+from engine.policy import ChunkPolicy, FixedPolicy, SchedulePolicy
+from engine.predictor_client import InProcessPolicy
+
+# (tokens, window, layout): with and without windows
+PROMPTS = [(4000, None, "shift"), (8000, None, "shift"), (6000, 1024, "shift"), (8000, 2048, "ring")]
+
+
+def ttft(engine: Engine, text: str, n: int, attention: AttentionConfig, policy: ChunkPolicy) -> float:
+    return engine.run(text, n, attention, policy).ttft_ms
+
+
+def two_phase(n: int, best: int, limit: int) -> dict[str, tuple[int, ...]]:
+    """Schedules around the best size: the first half in `a`, the rest in `b` (sizes that fit)."""
+    out = {}
+    for a, b in ((2 * best, best), (best, best // 2), (2 * best, best // 2), (best // 2, best), (best, 2 * best)):
+        if 64 <= min(a, b) and max(a, b) <= limit:
+            first = [a] * (n // 2 // a)
+            rest = n - sum(first)
+            out[f"{a}->{b}"] = (*first, *[b] * (rest // b), *([rest % b] if rest % b else []))
+    return out
+
+
+def ratio(times: dict[str, list[float]], name: str, base: str, rng: np.random.Generator) -> tuple[float, float, float]:
+    """Median TTFT of `name` over `base`'s, and a bootstrap 95% interval over the (paired) rounds."""
+    a, b = np.array(times[name]), np.array(times[base])
+    draws = rng.integers(0, len(a), (2000, len(a)))
+    boot = np.median(a[draws], axis=1) / np.median(b[draws], axis=1)
+    return float(np.median(a) / np.median(b)), *np.quantile(boot, [0.025, 0.975]).tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-tiny")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    engine = Engine(EngineConfig(model=args.model))
+    auto = InProcessPolicy(tracking_uri(), local_hardware("float32", engine.runtime.threads), schedule=True)
+    if auto.predictor.chunk_cost is None:
+        raise SystemExit("the champion has no per-chunk cost model: retrain on data with per-chunk times")
+    rng = np.random.default_rng(0)
+    rows = []
+    for n, window, layout in PROMPTS:
+        attention = AttentionConfig(window=window, layout=layout)
+        text = engine.prompt_text(Prompt(num_tokens=n))
+        sizes, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
+        run = functools.partial(ttft, engine, text, n, attention)
+        uniform = interleaved({str(c): functools.partial(run, FixedPolicy(c)) for c in sizes}, 3)
+        best = min(sizes, key=lambda c: np.median(uniform[str(c)]))
+        predicted = auto.choose(engine.features(n, attention)).schedule
+        schedules = {"predicted": predicted, **two_phase(n, best, max(sizes))}
+        steps = {"best uniform": functools.partial(run, FixedPolicy(best))}
+        steps |= {name: functools.partial(run, SchedulePolicy(s)) for name, s in schedules.items()}
+        times = interleaved(steps, args.rounds)
+        searched = min((k for k in schedules if k != "predicted"), key=lambda k: np.median(times[k]), default=None)
+        rows.append((n, window, layout, best, predicted, searched, times))
+        print(f"measured {n} tokens w{window} {layout}", flush=True)
+
+    print(f"\n{args.model}; TTFT ratio to the best uniform size (median over {args.rounds} rounds, 95% CI)")
+    print(f"{'tokens':>7}{'window':>8}{'best':>6}{'best ms':>9}  {'predicted schedule':<34}{'ratio':>22}"
+          f"  {'best searched':<14}{'ratio':>22}")  # fmt: skip
+    for n, window, layout, best, predicted, searched, times in rows:
+        shown = ",".join(map(str, predicted[:6])) + (",..." if len(predicted) > 6 else "") + f" ({len(predicted)})"
+        p = ratio(times, "predicted", "best uniform", rng)
+        where = f"{window} {layout}" if window else "-"
+        line = (f"{n:>7}{where:>8}{best:>6}{np.median(times['best uniform']):>9.0f}  {shown:<34}"
+                f"{p[0]:>8.3f} [{p[1]:.3f}, {p[2]:.3f}]")  # fmt: skip
+        if searched:
+            s = ratio(times, searched, "best uniform", rng)
+            line += f"  {searched:<14}{s[0]:>8.3f} [{s[1]:.3f}, {s[2]:.3f}]"
+        print(line)
+    print("(a ratio below 1 whose interval stays below 1: the schedule beat the best single size here)")
+
+
+if __name__ == "__main__":
+    main()

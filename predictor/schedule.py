@@ -1,0 +1,40 @@
+"""A chunk schedule chosen by the per-chunk cost model: the cheapest path over chunk boundaries.
+
+Boundaries are sums of candidate sizes (multiples of GRID tokens where enough sizes are, else of
+their greatest common divisor); from each, a chunk of any candidate size goes on, or the rest of
+the prompt in one last chunk when the layout allows it. Every uniform size on the grid
+is one of these paths, so the schedule is never predicted slower than the best of them. The
+model's chunks of every (boundary, size) pair are predicted in one call; the walk is plain Python.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from chunkpilot.chunk_features import predict_chunk_ms
+
+GRID = 256  # tokens between boundaries: 256 keeps a 12k prompt to ~50 boundaries (the decision's budget)
+
+
+def best_schedule(booster, config: np.ndarray, n: int, sizes: list[int], limit: int) -> tuple[list[int], float]:
+    """(chunk sizes in order summing to `n`, their predicted prefill ms). `config` [FEATURES] is the
+    request's feature row; `sizes` the candidate sizes; `limit` the largest chunk the layout takes."""
+    fitting = sorted({s for s in sizes if s <= limit and s < n})
+    steps = [s for s in fitting if s % GRID == 0] or fitting
+    grid = n if not steps else GRID if steps[0] % GRID == 0 else math.gcd(*steps)
+    edges = [(h, q) for h in range(0, n, grid) for q in [*(s for s in steps if h + s < n), n - h] if q <= limit]
+    h, q = (np.array(v, dtype=float) for v in zip(*edges, strict=True))
+    ms = predict_chunk_ms(booster, np.repeat(config[None], len(edges), axis=0), q, h)
+    best: dict[int, tuple[float, int]] = {0: (0.0, 0)}  # boundary -> (cost so far, the chunk that reached it)
+    for (start, size), cost in zip(edges, ms.tolist(), strict=True):  # edges go in boundary order
+        if start in best:
+            total, end = best[start][0] + cost, start + size
+            if end not in best or total < best[end][0]:
+                best[end] = (total, size)
+    schedule, at = [], n
+    while at:
+        schedule.append(best[at][1])
+        at -= best[at][1]
+    return schedule[::-1], best[n][0]

@@ -1,0 +1,73 @@
+"""Chunk schedules chosen by the champion's per-chunk cost model: asked with `"schedule": true`, the
+service answers sizes in order that fit the layout and sum to the prompt, predicted no slower than
+any uniform size on the same boundaries; the engine runs them with the same first token."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from servers import serve
+
+from chunkpilot.chunk_features import predict_chunk_ms
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, max_chunk, uniform
+from chunkpilot.features import build
+from chunkpilot.registry import CHAMPION, MODEL_NAME
+from engine.engine import Prompt
+from engine.policy import FixedPolicy
+from engine.predictor_client import AutoPolicy, InProcessPolicy
+from predictor.app import create_app
+from predictor.model import load_predictor, resolve_hardware
+from predictor.schedule import GRID
+from predictor.settings import Settings
+
+HARDWARE = Hardware(matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9, cores=2)
+ATTENTION = [{"window": None}, {"window": 512}, {"window": 256, "layout": "ring"}]
+
+
+@pytest.mark.parametrize("attention", ATTENTION)
+@pytest.mark.parametrize("n", [300, 2000, 5000])
+def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(trained_store, n, attention):
+    predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
+    assert predictor.info["schedules"]  # the small dataset has per-chunk times
+    request = ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE, schedule=True)
+    answer = predictor.decide(request)
+    att = request.attention
+    att.check_schedule(answer.schedule, n)  # sizes that fit the layout, summing to the prompt
+    hw = resolve_hardware(predictor.hardware, request.hardware, request.dtype, request.threads)
+    config = build({**request.row(hw), "chunk_size": [n]})
+
+    def predicted(schedule: list[int]) -> float:
+        h = np.cumsum([0, *schedule[:-1]]).astype(float)
+        return float(
+            predict_chunk_ms(
+                predictor.chunk_cost, np.repeat(config, len(schedule), 0), np.array(schedule, float), h
+            ).sum()
+        )
+
+    uniform_sizes = [
+        c for c in predictor.candidates(request) if c % GRID == 0 and c <= max_chunk(n, att.window, att.layout)
+    ]
+    assert all(predicted(answer.schedule) <= predicted(uniform(n, c)) * (1 + 1e-9) for c in uniform_sizes)
+    assert predictor.decide(request.model_copy(update={"schedule": False})).schedule is None  # only when asked
+
+
+def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store, engines, tmp_path):
+    engine = engines("llama-tiny")
+    n, attention = 700, AttentionConfig(window=128, layout="ring")
+    text = engine.prompt_text(Prompt(num_tokens=n))
+    app = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path))
+    with serve(app) as url:
+        body = ChunkRequest(**dict(engine.features(n, attention)), hardware=HARDWARE, schedule=True)
+        answered = httpx.post(f"{url}/v1/chunk-size", json=body.model_dump(mode="json")).json()["schedule"]
+        policy = AutoPolicy(url, 2.0, HARDWARE, schedule=True)
+        served = engine.run(text, n, attention, policy)
+        again = engine.run(text, n, attention, policy)  # from the client's cache, schedule and all
+        policy.close()
+    in_process = InProcessPolicy(trained_store, HARDWARE, schedule=True)
+    local = engine.run(text, n, attention, in_process)
+    plain = engine.run(text, n, attention, FixedPolicy(128))
+    assert served.schedule == answered == local.schedule and served.decision_source == "service"
+    assert again.decision_source == "cache" and again.schedule == answered
+    assert served.num_chunks == len(answered) and max(answered) <= 128
+    assert served.first_token == plain.first_token
