@@ -36,7 +36,7 @@ def two_phase(n: int, best: int, limit: int) -> dict[str, tuple[int, ...]]:
     """Schedules around the best size: the first half in `a`, the rest in `b` (sizes that fit)."""
     out = {}
     for a, b in ((2 * best, best), (best, best // 2), (2 * best, best // 2), (best // 2, best), (best, 2 * best)):
-        if 64 <= min(a, b) and max(a, b) <= limit:
+        if 64 <= min(a, b) and max(a, b) <= limit and a <= n // 2:  # the first half holds a chunk of `a`
             first = [a] * (n // 2 // a)
             rest = n - sum(first)
             out[f"{a}->{b}"] = (*first, *[b] * (rest // b), *([rest % b] if rest % b else []))
@@ -79,13 +79,13 @@ def main() -> None:
         print(f"measured {n} tokens w{window} {layout}", flush=True)
 
     print(f"\n{args.model}; TTFT ratio to the best uniform size (median over {args.rounds} rounds, 95% CI)")
-    print(f"{'tokens':>7}{'window':>8}{'best':>6}{'best ms':>9}  {'predicted schedule':<34}{'ratio':>22}"
+    print(f"{'tokens':>7}{'window':>12}{'best':>6}{'best ms':>9}  {'predicted schedule':<34}{'ratio':>22}"
           f"  {'best searched':<14}{'ratio':>22}")  # fmt: skip
     for n, window, layout, best, predicted, searched, times in rows:
         shown = ",".join(map(str, predicted[:6])) + (",..." if len(predicted) > 6 else "") + f" ({len(predicted)})"
         p = ratio(times, "predicted", "best uniform", rng)
         where = f"{window} {layout}" if window else "-"
-        line = (f"{n:>7}{where:>8}{best:>6}{np.median(times['best uniform']):>9.0f}  {shown:<34}"
+        line = (f"{n:>7}{where:>12}{best:>6}{np.median(times['best uniform']):>9.0f}  {shown:<34}"
                 f"{p[0]:>8.3f} [{p[1]:.3f}, {p[2]:.3f}]")  # fmt: skip
         if searched:
             s = ratio(times, searched, "best uniform", rng)

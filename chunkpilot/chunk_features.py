@@ -14,6 +14,7 @@ CONFIG = [
     "has_window",
     "layout",
     "sinks",
+    "global_tokens",
     "local_fraction",
     "num_layers",
     "hidden_size",
@@ -43,7 +44,9 @@ def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarr
     window = np.where(col["has_window"] > 0, col["window"], np.inf)
     layers, heads, hd = col["num_layers"], col["num_heads"], col["head_dim"]
     local = layers * col["local_fraction"]
-    keys_local, keys_global = np.minimum(h, window) + q, h + q
+    # global tokens are extra keys once the window has moved past the first of them (roughly)
+    keys_local = np.minimum(h, window) + q + col["global_tokens"] * (h > window)
+    keys_global = h + q
     d, kv, ff = col["hidden_size"], col["num_kv_heads"], col["intermediate_size"]
     linear = 2 * q * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
     attention = 4 * heads * hd * q * (local * keys_local + (layers - local) * keys_global)

@@ -25,6 +25,7 @@ AttnImpl = Literal["sdpa", "eager"]
 FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl))
 MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
 MAX_CANDIDATES = 64
+MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
 MAX_MS = 3.6e6  # an hour: the longest time any part accepts
 # chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
 DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
@@ -160,16 +161,22 @@ class ModelShape(Contract):
 
 
 class AttentionConfig(Contract):
-    """How the prompt attends: full causal, or a sliding window kept in a KV layout, plus sinks."""
+    """How the prompt attends: full causal, or a sliding window kept in a KV layout, plus sinks and
+    global tokens (selective SWA: chosen tokens every later query sees besides the window)."""
 
     window: int | None = Field(default=None, ge=1, le=MAX_CONTEXT, description="sliding window; null: full attention")
     layout: Layout = "shift"
     sinks: int = Field(default=0, ge=0, le=4096, description="first tokens every query sees besides the window")
+    global_tokens: int = Field(
+        default=0, ge=0, le=MAX_GLOBAL_TOKENS, description="tokens every later query sees besides the window"
+    )
 
     @model_validator(mode="after")
     def _window_needed(self) -> AttentionConfig:
         if self.window is None and self.sinks:
             raise ConfigError("sinks", "needs a window (sinks are kept besides a sliding window)")
+        if self.window is None and self.global_tokens:
+            raise ConfigError("global_tokens", "needs a window (global tokens are kept besides a sliding window)")
         if self.window is None and self.layout == "ring":
             raise ConfigError("layout", "ring needs a window (the ring holds the window's tokens)")
         return self
@@ -257,6 +264,7 @@ class RequestFeatures(Contract):
             "window": att.window or 0,
             "layout": att.row_layout,
             "sinks": att.sinks,
+            "global_tokens": att.global_tokens,
             "global_every": shape.global_every or 0,
             **shape.model_dump(include=SHAPE_COLUMNS),
             "parameters": shape.parameters,
@@ -291,7 +299,9 @@ class ChunkRequest(RequestFeatures):
         return cls(
             context_length=row["context_length"],
             model=shape,
-            attention=AttentionConfig(window=window, layout=layout, sinks=row["sinks"]),
+            attention=AttentionConfig(
+                window=window, layout=layout, sinks=row["sinks"], global_tokens=row.get("global_tokens") or 0
+            ),  # fmt: skip
             dtype=row["dtype"],
             threads=row["threads"],
             attn_impl=row["attn_impl"],
@@ -353,6 +363,12 @@ def hand_rule(context_length: int) -> int:
 def max_chunk(context_length: int, window: int | None, layout: str) -> int:
     """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
     return min(context_length, window) if layout == "ring" and window else context_length
+
+
+def spread(count: int, context_length: int) -> list[int]:
+    """`count` global-token positions spread evenly over a prompt (the profiler's, and the engine's
+    when only a count is given)."""
+    return sorted({(i + 1) * context_length // (count + 1) for i in range(count)})
 
 
 def uniform(context_length: int, chunk: int) -> list[int]:

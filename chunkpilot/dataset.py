@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from chunkpilot.contract import PRESETS, ConfigError, ModelShape, Outcome
 
-HARNESS_VERSION = "3"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`; older files still read
+HARNESS_VERSION = "4"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`; older files read
 TMP_PREFIX = ".tmp-"
 TELEMETRY = Path("data/ttft/telemetry")  # the default partition of the engine's own prefills
 TELEMETRY_PREFIX = "telemetry-"  # their config keys
@@ -37,7 +37,8 @@ SCHEMA = pa.schema(
         ("num_layers", _int), ("hidden_size", _int), ("num_heads", _int), ("num_kv_heads", _int),
         ("head_dim", _int), ("intermediate_size", _int), ("vocab_size", _int), ("global_every", _int),
         ("parameters", _int), ("tie_embeddings", _bool), ("context_length", _int), ("window", _int),
-        ("layout", _str), ("sinks", _int), ("dtype", _str), ("threads", _int), ("attn_impl", _str),
+        ("layout", _str), ("sinks", _int), ("global_tokens", _int), ("dtype", _str), ("threads", _int),
+        ("attn_impl", _str),
         # the hardware it ran on
         ("hardware_id", _str), ("device_kind", _str), ("device_name", _str), ("cores", _int),
         ("l2_cache_bytes", _int), ("l3_cache_bytes", _int), ("memory_bytes", _int),
@@ -61,13 +62,17 @@ SCHEMA = pa.schema(
 COLUMNS = SCHEMA.names
 LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset schemas hold scalars only
 # columns older files (and the profiler's, for the telemetry ones) lack, and what such a row reads as
-OPTIONAL = dict.fromkeys(("chunk_ms", "tie_embeddings", "decision_source", "model_version", "explored"))
+OPTIONAL = {
+    **dict.fromkeys(("chunk_ms", "tie_embeddings", "decision_source", "model_version", "explored")),
+    "global_tokens": 0,
+}
 # (column, lowest allowed, strictly above it?) for the numeric checks
 # fmt: off
 _LOWER_BOUNDS = {
     "num_layers": (1, False), "hidden_size": (1, False), "num_heads": (1, False), "num_kv_heads": (1, False),
     "head_dim": (1, False), "intermediate_size": (1, False), "vocab_size": (1, False), "global_every": (0, False),
     "parameters": (1, False), "context_length": (1, False), "window": (0, False), "sinks": (0, False),
+    "global_tokens": (0, False),
     "threads": (1, False), "cores": (1, False), "l2_cache_bytes": (0, False), "l3_cache_bytes": (0, False),
     "memory_bytes": (0, False), "matmul_gflops": (0, True), "bandwidth_gbs": (0, True), "call_overhead_ms": (0, True),
     "chunk_size": (1, False), "num_chunks": (1, False), "last_chunk": (1, False), "tokenize_ms": (0, False),
@@ -91,6 +96,8 @@ def validate(df: pd.DataFrame, where: str) -> None:
     for i, row in enumerate(df[[c for c in COLUMNS if c in df.columns]].itertuples(index=False)):
         values = row._asdict()
         for column, (low, strict) in _LOWER_BOUNDS.items():
+            if column not in values:  # an optional column an older file lacks
+                continue
             v = values[column]
             if v is None or (isinstance(v, float) and math.isnan(v)) or (v <= low if strict else v < low):
                 raise DataError(column, f"{where} row {i}: must be {'>' if strict else '>='} {low}, got {v!r}")

@@ -16,7 +16,7 @@ Num = float | np.ndarray  # a column, or one value shared by every row
 # What a row must provide (dataset columns; the service fills the same names from a request).
 # fmt: off
 INPUT_COLUMNS = (
-    "context_length", "chunk_size", "window", "layout", "sinks", "global_every",
+    "context_length", "chunk_size", "window", "layout", "sinks", "global_tokens", "global_every",
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
     "parameters", "dtype", "threads", "attn_impl",
     "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes",
@@ -30,7 +30,7 @@ ATTN_CODES = {"sdpa": 0, "eager": 1}
 FEATURES = (
     # the request
     "context_length", "chunk_size", "num_chunks", "last_chunk", "chunk_over_context",
-    "window", "has_window", "layout", "sinks", "local_fraction",
+    "window", "has_window", "layout", "sinks", "global_tokens", "local_fraction",
     # the model
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
     "parameters", "dtype_bytes", "attn_impl",
@@ -110,8 +110,11 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     m = np.ceil(n / c)
     d, ff = f["hidden_size"], f["intermediate_size"]
     linear = linear_flops(n, layers, d, heads, kv, hd, ff)
-    attention = 4 * heads * hd * (_attended(local_layers, n, c, window) + _attended(global_layers, n, c, np.inf))
-    kept = _where(has_window, np.minimum(n, window + f["sinks"]), n)
+    # global tokens: seen by the queries past the window, about half of those on average
+    outside = f["global_tokens"] * np.maximum(n - np.minimum(window, n), 0) / 2
+    attended = _attended(local_layers, n, c, window) + local_layers * outside + _attended(global_layers, n, c, np.inf)
+    attention = 4 * heads * hd * attended
+    kept = _where(has_window, np.minimum(n, window + f["sinks"] + f["global_tokens"]), n)
     kv_bytes = 2 * layers * kv * hd * kept * dtype_bytes
     keys_last = np.minimum(n, _where(has_window, window, n) + c)
     score_bytes = heads * c * keys_last * 4  # one chunk's score matrix, the attention working set
@@ -120,7 +123,8 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     out = {
         "context_length": n, "chunk_size": c, "num_chunks": m, "last_chunk": n - (m - 1) * c,
         "chunk_over_context": c / n, "window": _where(has_window, f["window"], 0.0), "has_window": has_window,
-        "layout": _codes(rows["layout"], LAYOUT_CODES), "sinks": f["sinks"], "local_fraction": local_layers / layers,
+        "layout": _codes(rows["layout"], LAYOUT_CODES), "sinks": f["sinks"], "global_tokens": f["global_tokens"],
+        "local_fraction": local_layers / layers,
         "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
         "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
         "dtype_bytes": dtype_bytes, "attn_impl": _codes(rows["attn_impl"], ATTN_CODES),

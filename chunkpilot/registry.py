@@ -60,7 +60,13 @@ def judge(
 
 
 def gate(
-    client, new: dict[str, float], params: dict, rows: tuple[int, int], remeasure: Callable[[dict], dict[str, float]]
+    client,
+    new: dict[str, float],
+    params: dict,
+    rows: tuple[int, int],
+    remeasure: Callable[[dict], dict[str, float]],
+    features: str,
+    schedules: bool = False,
 ) -> Verdict:
     """The promotion gate for a freshly trained model; `rows` is (profiled rows, telemetry prefills)
     of its data. Another recipe is scored against the champion's recipe re-measured on this run's slices
@@ -68,7 +74,9 @@ def gate(
     deterministic) retrained on more profiled rows is promoted: profiles are measured the careful
     way and it has seen more of the machines it serves. Retrained on more telemetry, single and
     noisy prefills, it becomes the challenger: `settle` promotes it once it has beaten the champion
-    on this machine's prefills that came after it."""
+    on this machine's prefills that came after it. On the same rows, it is promoted if it brings the
+    per-chunk cost model (`schedules`) that the champion lacks: the same choices, and schedules. A
+    champion trained on other `features` (an older ChunkPilot) cannot serve and is replaced."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -76,6 +84,9 @@ def gate(
     except MlflowException:
         return judge(new["all"], None)
     run = client.get_run(version.run_id).data.params
+    if run.get("features") != features:
+        return Verdict(CHAMPION, f"champion v{version.version} was trained on other features (an older ChunkPilot) "
+                       "and cannot serve this one's requests", version.version, None)  # fmt: skip
     recipe = {**LEGACY, **json.loads(run.get("lgbm_params", "{}"))}
     if recipe == params:
         more = rows[0] - int(run.get("profiled_rows", run.get("rows", 0)))
@@ -88,6 +99,9 @@ def gate(
             return Verdict(CHAMPION, f"champion v{version.version}'s recipe retrained on {more} more profiled rows "
                            f"(held-out mean regret {new['all']:.4f} on these slices either way)",
                            version.version, new["all"])  # fmt: skip
+        if schedules and run.get("chunk_cost") != "true":
+            return Verdict(CHAMPION, f"champion v{version.version}'s recipe on the same rows, with a per-chunk cost "
+                           "model for schedules that the champion lacks", version.version, new["all"])  # fmt: skip
     old = new if recipe == params else remeasure(recipe)
     telemetry = (new["telemetry"], old["telemetry"]) if "telemetry" in new else None
     return judge(new["all"], (version.version, old["all"]), telemetry)
@@ -96,7 +110,7 @@ def gate(
 MIN_BUCKETS = 3  # configs with both models' choices measured before a challenger is judged on telemetry
 
 
-def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]]) -> str | None:
+def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]], features: str) -> str | None:
     """Judge a waiting challenger (a version newer than the champion) against the champion on this
     machine's prefills that finished after the challenger was registered, which neither model has
     seen: `compare(challenger, champion, since_ms)` gives their mean regrets and the number of
@@ -111,6 +125,8 @@ def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]
         return None
     if int(challenger.version) <= int(champion.version) or challenger.tags.get(WAITS) != "true":
         return None
+    if {client.get_run(v.run_id).data.params.get("features") for v in (champion, challenger)} != {features}:
+        return None  # trained on other features than this ChunkPilot builds: the gate replaces them
     theirs, ours, buckets = compare(str(challenger.version), str(champion.version), challenger.creation_timestamp)
     name, held = f"challenger v{challenger.version}", f"champion v{champion.version}"
     if buckets < MIN_BUCKETS:

@@ -18,12 +18,16 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 ATTN_NAME = "chunkpilot"
 
 
-def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None, sinks: int) -> torch.Tensor:
-    """[Q, K] bool: causal, within the window (q - k < window), or a sink (k < sinks)."""
+def visible(
+    query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None, sinks: int, key_global: torch.Tensor
+) -> torch.Tensor:
+    """[Q, K] bool: causal, and within the window (q - k < window) or a sink (k < sinks); a key from
+    the global store (`key_global` [K]) instead only outside the window, where its window copy is
+    gone or hidden, so that no query sees a token twice."""
     q, k = query_pos[:, None], key_pos[None, :]
     allowed = k <= q
     if window is not None:
-        allowed &= (q - k < window) | (k < sinks)
+        allowed &= ((q - k < window) | (k < sinks)) != key_global[None, :]
     return allowed
 
 
@@ -49,7 +53,7 @@ class StepMasks:
         no_history = k.shape[0] == q.shape[0]  # keys are always the chunk plus whatever history is kept
         if self.attn_impl == "sdpa" and no_history and (layer.window is None or q.shape[0] <= layer.window):
             return None  # plain causal: sdpa's is_causal path is about 2x faster than any mask
-        allowed = visible(q, k, layer.window, layer.sinks.size)
+        allowed = visible(q, k, layer.window, layer.sinks.size, layer.key_global)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=q.device)
         # additive float mask: what eager expects, and faster than a bool mask in sdpa on CPU
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]  # [1, 1, Q, K]

@@ -16,10 +16,12 @@ from chunkpilot.contract import (
     Dtype,
     RequestFeatures,
     number,
+    spread,
     uniform,
 )
 
 from . import runtime
+from .global_tokens import GlobalTokens
 from .kv_cache import ChunkCache
 from .measure import interleaved
 from .models import load_model
@@ -64,6 +66,7 @@ class Prepared:
     decision: Decision
     tokenize_ms: float
     decision_ms: float
+    global_positions: list[int]  # tokens every later query sees besides the window
 
 
 @dataclass
@@ -71,6 +74,7 @@ class TTFTResult:
     context_length: int
     chunk_size: int  # a schedule's first chunk
     schedule: list[int] | None  # the chunk sizes, when the policy chose a schedule
+    global_tokens: int  # tokens every later query saw besides the window (selective SWA)
     num_chunks: int
     decision_source: str
     decision_model_version: str | None
@@ -144,19 +148,41 @@ class Engine:
             context_length, self.shape, attention, self.config.dtype, self.runtime.threads, self.config.attn_impl
         )
 
-    def run(self, text: str, max_tokens: int | None, attention: AttentionConfig, policy: ChunkPolicy) -> TTFTResult:
+    def run(
+        self,
+        text: str,
+        max_tokens: int | None,
+        attention: AttentionConfig,
+        policy: ChunkPolicy,
+        global_tokens: GlobalTokens | None = None,
+    ) -> TTFTResult:
         """One request, timed: tokenize, ask the policy, prefill in chunks, first decode step."""
         started = clock_ms(self.device)
-        return self.execute(self.prepare(text, max_tokens, attention, policy), policy, started)
+        return self.execute(self.prepare(text, max_tokens, attention, policy, global_tokens), policy, started)
 
-    def prepare(self, text: str, max_tokens: int | None, attention: AttentionConfig, policy: ChunkPolicy) -> Prepared:
-        """Tokenize and ask the policy: what a stream does for the next request during this one's prefill."""
+    def prepare(
+        self,
+        text: str,
+        max_tokens: int | None,
+        attention: AttentionConfig,
+        policy: ChunkPolicy,
+        global_tokens: GlobalTokens | None = None,
+    ) -> Prepared:
+        """Tokenize, find the global tokens (`global_tokens`, else `attention.global_tokens` spread
+        evenly) and ask the policy: what a stream does for the next request during this one's prefill."""
         t0 = clock_ms(self.device)
-        ids = torch.tensor([self.tokenizer.encode(text).ids[:max_tokens]], device=self.device)  # [1, N]
+        ids = self.tokenizer.encode(text).ids[:max_tokens]
+        tensor = torch.tensor([ids], device=self.device)  # [1, N]
         t1 = clock_ms(self.device)
-        request = self.features(self.check_context(ids.shape[1]), attention)
+        n = self.check_context(len(ids))
+        if global_tokens is None:
+            positions = spread(attention.global_tokens, n)
+        else:
+            positions = global_tokens.resolve(ids, lambda marker: self.tokenizer.encode(marker).ids)
+            attention = AttentionConfig(**{**attention.model_dump(), "global_tokens": len(positions)})
+        request = self.features(n, attention)
         decision = policy.choose(request)
-        return Prepared(ids, request, decision, t1 - t0, clock_ms(self.device) - t1)
+        return Prepared(tensor, request, decision, t1 - t0, clock_ms(self.device) - t1, positions)
 
     @torch.inference_mode()
     def execute(self, prepared: Prepared, policy: ChunkPolicy, started: float) -> TTFTResult:
@@ -168,7 +194,7 @@ class Engine:
         chunks = decision.schedule or uniform(n, min(decision.chunk_size, n))
         request.attention.check_schedule(chunks, n)
         t2 = clock_ms(self.device)
-        cache = ChunkCache(self.shape.local_layers, request.attention)
+        cache = ChunkCache(self.shape.local_layers, request.attention, prepared.global_positions)
         logits, chunk_ms = prefill(self.model, cache, ids, chunks, self.config.attn_impl)
         first = logits.argmax(-1)  # [1]
         t3 = clock_ms(self.device)
@@ -178,6 +204,7 @@ class Engine:
             context_length=n,
             chunk_size=chunks[0],
             schedule=list(decision.schedule) if decision.schedule else None,
+            global_tokens=len(prepared.global_positions),
             num_chunks=len(chunk_ms),
             decision_source=decision.source,
             decision_model_version=decision.model_version,
@@ -199,9 +226,19 @@ class Engine:
         return result
 
     def measure(
-        self, prompt: Prompt, attention: AttentionConfig, policy: ChunkPolicy, repeats: int = 3, warmup: int = 1
+        self,
+        prompt: Prompt,
+        attention: AttentionConfig,
+        policy: ChunkPolicy,
+        repeats: int = 3,
+        warmup: int = 1,
+        global_tokens: GlobalTokens | None = None,
     ) -> Measurement:
         number("repeats", repeats, int, ge=1, le=1000)
         text = self.prompt_text(prompt)
-        runs = interleaved({policy.name: lambda: self.run(text, prompt.num_tokens, attention, policy)}, repeats, warmup)
+
+        def once() -> TTFTResult:
+            return self.run(text, prompt.num_tokens, attention, policy, global_tokens)
+
+        runs = interleaved({policy.name: once}, repeats, warmup)
         return Measurement(runs[policy.name])

@@ -1,11 +1,14 @@
-"""KV layouts for chunked prefill: full, shift window, ring window; attention sinks on both windows.
+"""KV layouts for chunked prefill: full, shift window, ring window; attention sinks and global
+tokens on both windows.
 
 Every layer records the absolute positions of the keys its last `update` returned
-(`key_positions`), so one mask rule (engine/attention.py) serves every layout, including the ring,
-whose slots are not in position order.
+(`key_positions`) and which of them are global copies (`key_global`), so one mask rule
+(engine/attention.py) serves every layout, including the ring, whose slots are not in position order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
@@ -49,6 +52,53 @@ class Sinks:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
+class Globals:
+    """Tokens at chosen positions (a question marker, say), kept aside in a store of at most `cap`
+    tokens so that every later query sees them besides the window. They stay in the window too: the
+    mask shows the copy here only once the window has moved past it (engine/attention.py)."""
+
+    def __init__(self, positions: torch.Tensor) -> None:
+        self.positions = positions  # [G] sorted, none of them a sink
+        self.keys: torch.Tensor | None = None  # [B, H, count, D]
+        self.values: torch.Tensor | None = None
+        self.kept = positions[:0]  # the positions stored so far
+
+    def copy(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
+        """Store the chunk's global tokens; the chunk holds positions start.. ."""
+        n = keys.shape[-2]
+        lo, hi = (int(i) for i in torch.searchsorted(self.positions, torch.tensor([start, start + n])))
+        if lo == hi:
+            return
+        at = self.positions[lo:hi] - start
+        head_k, head_v = keys.index_select(-2, at), values.index_select(-2, at)
+        self.keys = head_k if self.keys is None else torch.cat([self.keys, head_k], dim=-2)
+        self.values = head_v if self.values is None else torch.cat([self.values, head_v], dim=-2)
+        self.kept = self.positions[:hi]
+
+    def prepend(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(keys, values, positions, which are global copies) with the store in front."""
+        if self.keys is None:
+            return keys, values, positions, torch.zeros_like(positions, dtype=torch.bool)
+        is_global = torch.cat(
+            [torch.ones_like(self.kept, dtype=torch.bool), torch.zeros_like(positions, dtype=torch.bool)]
+        )
+        return (
+            torch.cat([self.keys, keys], dim=-2),
+            torch.cat([self.values, values], dim=-2),
+            torch.cat([self.kept, positions]),
+            is_global,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+NO_GLOBALS = torch.zeros(0, dtype=torch.long)
+
+
 class FullLayer(DynamicLayer):
     """transformers' growing layer; its keys are positions 0..n-1."""
 
@@ -56,29 +106,33 @@ class FullLayer(DynamicLayer):
 
     def __init__(self) -> None:
         super().__init__()
-        self.sinks = Sinks(0)
+        self.sinks, self.globals = Sinks(0), Globals(NO_GLOBALS)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         keys, values = super().update(key_states, value_states)
         self.key_positions = torch.arange(keys.shape[-2], device=keys.device)
+        self.key_global = torch.zeros_like(self.key_positions, dtype=torch.bool)
         return keys, values
 
 
 class ShiftLayer(DynamicSlidingWindowLayer):
     """transformers' shift layout (the last window-1 tokens plus the chunk, so any chunk size fits),
-    extended with sinks: tokens before `sinks` go to the sink store, the rest through the window."""
+    extended with sinks (tokens before `sinks` go to the sink store, the rest through the window)
+    and global tokens (copied to their store on the way through)."""
 
-    def __init__(self, window: int, sinks: int) -> None:
+    def __init__(self, window: int, sinks: int, globals_: torch.Tensor) -> None:
         super().__init__(sliding_window=window)
         self.window = window
-        self.sinks = Sinks(sinks)
+        self.sinks, self.globals = Sinks(sinks), Globals(globals_)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.globals.copy(key_states, value_states, self.get_seq_length())
         key_states, value_states = self.sinks.take(key_states, value_states)
         keys, values = super().update(key_states, value_states)
         end = self.sinks.size + self.cumulative_length  # window tokens sit at positions >= sinks.size
         positions = torch.arange(end - keys.shape[-2], end, device=keys.device)
-        keys, values, self.key_positions = self.sinks.prepend(keys, values, positions)
+        keys, values, positions = self.sinks.prepend(keys, values, positions)
+        keys, values, self.key_positions, self.key_global = self.globals.prepend(keys, values, positions)
         return keys, values
 
     def get_seq_length(self) -> int:
@@ -93,11 +147,11 @@ class RingLayer(CacheLayerMixin):
 
     is_sliding = True
 
-    def __init__(self, window: int, sinks: int) -> None:
+    def __init__(self, window: int, sinks: int, globals_: torch.Tensor) -> None:
         super().__init__()
         self.window = window
         self.slots = 2 * window
-        self.sinks = Sinks(sinks)
+        self.sinks, self.globals = Sinks(sinks), Globals(globals_)
         self.written = 0  # window tokens written so far
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -110,6 +164,7 @@ class RingLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        self.globals.copy(key_states, value_states, self.get_seq_length())
         key_states, value_states = self.sinks.take(key_states, value_states)
         n = key_states.shape[-2]
         if n > self.window:
@@ -121,37 +176,44 @@ class RingLayer(CacheLayerMixin):
         self.slot_positions[slots] = ordinals + self.sinks.size
         self.written += n
         filled = min(self.written, self.slots)  # slots fill in order, so the filled ones are a prefix
-        keys, values, self.key_positions = self.sinks.prepend(
+        keys, values, positions = self.sinks.prepend(
             self.keys[:, :, :filled], self.values[:, :, :filled], self.slot_positions[:filled]
         )
+        keys, values, self.key_positions, self.key_global = self.globals.prepend(keys, values, positions)
         return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.sinks.count + min(self.written + query_length, self.slots), 0
+        return len(self.globals.kept) + self.sinks.count + min(self.written + query_length, self.slots), 0
 
     def get_seq_length(self) -> int:
         return self.sinks.count + self.written
 
     def get_max_length(self) -> int:
-        return self.sinks.size + self.slots
+        return len(self.globals.positions) + self.sinks.size + self.slots
 
 
 class ChunkCache(Cache):
-    """One layer per model layer: windowed layers where the shape is local and a window is set."""
+    """One layer per model layer: windowed layers where the shape is local and a window is set.
+    `global_positions`: tokens the windowed layers keep visible to every later query."""
 
-    def __init__(self, local_layers: tuple[bool, ...], attention: AttentionConfig) -> None:
+    def __init__(
+        self, local_layers: tuple[bool, ...], attention: AttentionConfig, global_positions: Sequence[int] = ()
+    ) -> None:
         layout = {"shift": ShiftLayer, "ring": RingLayer}[attention.layout]
+        globals_ = torch.tensor(sorted({p for p in global_positions if p >= attention.sinks}), dtype=torch.long)
         super().__init__(
             layers=[
-                layout(attention.window, attention.sinks) if local and attention.window else FullLayer()
+                layout(attention.window, attention.sinks, globals_) if local and attention.window else FullLayer()
                 for local in local_layers
             ]
         )
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the cache now (keys, values and sinks of every layer)."""
+        """Bytes held by the cache now (keys, values, sinks and global tokens of every layer)."""
         return sum(
-            (layer.keys.nbytes + layer.values.nbytes if layer.is_initialized else 0) + layer.sinks.nbytes
+            (layer.keys.nbytes + layer.values.nbytes if layer.is_initialized else 0)
+            + layer.sinks.nbytes
+            + layer.globals.nbytes
             for layer in self.layers
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from chunkpilot.contract import AttentionConfig
 
 from .engine import Engine, TTFTResult
+from .global_tokens import GlobalTokens
 from .policy import ChunkPolicy
 from .prefill import clock_ms
 
@@ -21,6 +22,7 @@ class StreamRequest:
     text: str
     max_tokens: int | None = None  # a cap on the text's tokens
     attention: AttentionConfig = AttentionConfig()
+    global_tokens: GlobalTokens | None = None
 
 
 def stream(
@@ -29,12 +31,12 @@ def stream(
     """Each request's result as soon as it has its first token."""
     if not overlap:
         for r in requests:
-            yield engine.run(r.text, r.max_tokens, r.attention, policy)
+            yield engine.run(r.text, r.max_tokens, r.attention, policy, r.global_tokens)
         return
     with ThreadPoolExecutor(1, thread_name_prefix="chunkpilot-prepare") as pool:
 
         def prepare(r: StreamRequest):
-            return pool.submit(engine.prepare, r.text, r.max_tokens, r.attention, policy)
+            return pool.submit(engine.prepare, r.text, r.max_tokens, r.attention, policy, r.global_tokens)
 
         pending = prepare(requests[0]) if requests else None
         for k in range(len(requests)):

@@ -13,7 +13,7 @@ import lightgbm as lgb
 from chunkpilot import registry
 from chunkpilot.choice import pick
 from chunkpilot.contract import DEFAULT_CHUNKS, ChunkRequest, Hardware, feasible_chunks, fit_chunk, hand_rule, max_chunk
-from chunkpilot.features import base_log_ms, build
+from chunkpilot.features import FEATURES, base_log_ms, build
 
 from .schedule import best_schedule
 from .schemas import Candidate
@@ -112,7 +112,8 @@ class Predictor:
         schedule = None
         if request.schedule and self.chunk_cost is not None:
             limit = max_chunk(n, att.window, att.layout)
-            schedule = best_schedule(self.chunk_cost, x[0], n, chunks, limit)[0]
+            planned = best_schedule(self.chunk_cost, x[0], n, chunks, limit)
+            schedule = None if planned is None else planned[0]
         return Answer(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
@@ -169,6 +170,9 @@ def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
         "held_out": stored.metrics,
     }
     booster = lgb.Booster(model_file=str(stored.model_file))
+    if booster.num_feature() != len(FEATURES):
+        raise ValueError(f"{name} v{stored.version} was trained on {booster.num_feature()} features; this ChunkPilot "
+                         f"builds {len(FEATURES)}: retrain it (chunkpilot train)")  # fmt: skip
     chunk_cost = None if stored.chunk_cost_file is None else lgb.Booster(model_file=str(stored.chunk_cost_file))
     info["schedules"] = chunk_cost is not None
     predictor = Predictor(stored.version, booster, stored.hardware, info, ranker, rule_margin, stored.waits, chunk_cost)

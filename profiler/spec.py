@@ -38,17 +38,22 @@ class ProfileConfig(Contract):
     dtype: Dtype
     threads: int
     attn_impl: AttnImpl
+    global_tokens: int = 0  # spread evenly over the prompt by the engine
 
     @property
     def attention(self) -> AttentionConfig:
-        return AttentionConfig(self.window, "shift" if self.layout == "none" else self.layout, self.sinks)
+        layout = "shift" if self.layout == "none" else self.layout
+        return AttentionConfig(self.window, layout, self.sinks, self.global_tokens)
 
     @property
     def key(self) -> str:
-        """Stable and file-name safe: a readable prefix plus a hash of every field."""
-        digest = hashlib.sha1(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()[:10]
+        """Stable and file-name safe: a readable prefix plus a hash of every field (without global
+        tokens, none of them: keys from before they existed stay the same, and so does resuming)."""
+        fields = self.model_dump(exclude=set() if self.global_tokens else {"global_tokens"})
+        digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         name = Path(self.model).stem.replace("_", "-")[:24]
-        return f"{name}-n{self.context_length}-w{self.window or 0}{self.layout[0]}{self.sinks}-{digest}"
+        g = f"g{self.global_tokens}" if self.global_tokens else ""
+        return f"{name}-n{self.context_length}-w{self.window or 0}{self.layout[0]}{self.sinks}{g}-{digest}"
 
     def candidates(self, sizes: tuple[int | str, ...]) -> tuple[list[int], list[str]]:
         """(feasible chunk sizes, reasons for the others). `full` is the context length itself."""
@@ -93,7 +98,7 @@ class Sweep(Contract):
         lengths = self.contexts.lengths if isinstance(self.contexts, Contexts) else self.contexts
         levels = itertools.product(self.models, lengths, self.attention, self.dtypes, self.threads, self.attn_impls)
         return [
-            ProfileConfig(model, n, att.window, att.row_layout, att.sinks, dtype, threads, impl)
+            ProfileConfig(model, n, att.window, att.row_layout, att.sinks, dtype, threads, impl, att.global_tokens)
             for model, n, att, dtype, threads, impl in levels
         ]
 

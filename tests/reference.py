@@ -11,15 +11,19 @@ import torch
 from chunkpilot.contract import ModelShape
 
 
-def reference_mask(n: int, window: int | None, sinks: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, n, n] additive mask: row i may see column j iff j <= i and (i - j < window or j < sinks)."""
+def reference_mask(
+    n: int, window: int | None, sinks: int, dtype: torch.dtype, global_positions: tuple[int, ...] = ()
+) -> torch.Tensor:
+    """[1, 1, n, n] additive mask: row i may see column j iff j <= i and (i - j < window or j < sinks
+    or j is a global token)."""
     ones = torch.ones(n, n, dtype=torch.bool)
     allowed = torch.tril(ones)
     if window is not None:
         band = torch.triu(allowed, diagonal=-(window - 1))  # drop j <= i - window
-        sink_columns = torch.zeros(n, n, dtype=torch.bool)
-        sink_columns[:, :sinks] = True
-        allowed = band | (allowed & sink_columns)
+        always = torch.zeros(n, n, dtype=torch.bool)
+        always[:, :sinks] = True
+        always[:, [j for j in global_positions if j < n]] = True
+        allowed = band | (allowed & always)
     mask = torch.zeros(n, n, dtype=dtype)
     mask[~allowed] = torch.finfo(dtype).min
     return mask[None, None]
@@ -37,11 +41,18 @@ def attn_implementation(model, name: str):
 
 @torch.inference_mode()
 def reference_logits(
-    model, shape: ModelShape, ids: torch.Tensor, window: int | None, sinks: int, kernel: str
+    model,
+    shape: ModelShape,
+    ids: torch.Tensor,
+    window: int | None,
+    sinks: int,
+    kernel: str,
+    global_positions: tuple[int, ...] = (),
 ) -> torch.Tensor:
-    """Logits [N, V] of one forward over `ids` [1, N]; windows only on the shape's local layers."""
+    """Logits [N, V] of one forward over `ids` [1, N]; windows (and global tokens) only on the
+    shape's local layers."""
     n = ids.shape[1]
-    local = reference_mask(n, window, sinks, model.dtype)
+    local = reference_mask(n, window, sinks, model.dtype, global_positions)
     if shape.global_every is not None:  # interleaved: global layers stay fully causal
         mask = {"sliding_attention": local, "full_attention": reference_mask(n, None, 0, model.dtype)}
     else:

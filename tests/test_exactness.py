@@ -25,9 +25,9 @@ ATTENTION = {
 CHUNKS = [1, 7, W, W + 8, N]  # 7 does not divide 64; W + 8 > W (shift only); N is one shot
 
 
-def chunked(engine, ids, attention, chunk, kernel):
+def chunked(engine, ids, attention, chunk, kernel, global_positions=()):
     """The engine's path: prefill in chunks, argmax, one decode step -> (prefill logits, decode logits)."""
-    cache = ChunkCache(engine.shape.local_layers, attention)
+    cache = ChunkCache(engine.shape.local_layers, attention, global_positions)
     with torch.inference_mode():
         logits, _ = prefill(engine.model, cache, ids, chunk, kernel)
         first = logits.argmax(-1)
@@ -35,11 +35,17 @@ def chunked(engine, ids, attention, chunk, kernel):
     return logits[0].float(), decoded[0].float(), first
 
 
-def check(engine, attention, chunk, kernel, n=N, atol=1e-4):
+def check(engine, attention, chunk, kernel, n=N, atol=1e-4, global_positions=()):
     ids = torch.randint(0, engine.shape.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
-    got, got_next, first = chunked(engine, ids, attention, chunk, kernel)
+    got, got_next, first = chunked(engine, ids, attention, chunk, kernel, global_positions)
     ref = reference_logits(
-        engine.model, engine.shape, torch.cat([ids, first[None]], 1), attention.window, attention.sinks, kernel
+        engine.model,
+        engine.shape,
+        torch.cat([ids, first[None]], 1),
+        attention.window,
+        attention.sinks,
+        kernel,
+        global_positions,
     )
     for mine, theirs in ((got, ref[n - 1]), (got_next, ref[n])):
         torch.testing.assert_close(mine, theirs, atol=atol, rtol=0)
@@ -139,3 +145,54 @@ def test_any_schedule(engines, cuts, sinks, layout):
     schedule = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
     window = max(schedule) if layout == "ring" else 12
     check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), schedule, "sdpa", n=80)
+
+
+# global tokens before the window, inside it, at its edge and in the last chunk; some also sinks
+GLOBALS = (0, 2, 5, 9, 20, 37, 50, 63)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("attn_name", list(ATTENTION))
+def test_global_tokens_match_one_forward(engines, preset, attn_name):
+    """Selective SWA: chosen tokens stay visible to every later query on the windowed layers."""
+    attention = ATTENTION[attn_name]
+    for chunk in CHUNKS:
+        if attention.layout == "ring" and chunk > W:
+            continue
+        check(engines(preset), attention, chunk, "sdpa", global_positions=GLOBALS)
+
+
+@pytest.mark.parametrize("attn_name", ["shift+sinks", "ring"])
+def test_global_tokens_with_schedules_and_eager(engines, attn_name):
+    attention = ATTENTION[attn_name]
+    for schedule in SCHEDULES["ring" if attention.layout == "ring" else "shift"]:
+        check(engines("gemma3-interleaved"), attention, schedule, "sdpa", global_positions=GLOBALS)
+    check(engines("mistral-44m"), attention, 7, "eager", global_positions=GLOBALS)
+
+
+def test_ring_memory_is_bounded_by_window_sinks_and_globals(engines):
+    engine, attention = engines("llama-tiny"), ATTENTION["ring+sinks"]
+    per_token = 2 * engine.shape.num_kv_heads * engine.shape.head_dim * 4  # keys and values, fp32
+    layers = sum(engine.shape.local_layers)
+    for n in (4 * W, 16 * W, 64 * W):
+        globals_ = tuple(range(S, n, n // 8))  # 8 global tokens spread over the prompt
+        cache = ChunkCache(engine.shape.local_layers, attention, globals_)
+        with torch.inference_mode():
+            prefill(engine.model, cache, torch.zeros(1, n, dtype=torch.long), W, "sdpa")
+        assert cache.nbytes == layers * (2 * W + S + 8) * per_token, n
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 80),
+    window=st.integers(1, 40),
+    sinks=st.integers(0, 6),
+    layout=st.sampled_from(["shift", "ring"]),
+    globals_=st.lists(st.integers(0, 79), max_size=10),
+    data=st.data(),
+)
+def test_any_global_tokens(engines, n, window, sinks, layout, globals_, data):
+    max_chunk = min(n, window) if layout == "ring" else n
+    chunk = data.draw(st.integers(1, max_chunk), label="chunk")
+    attention = AttentionConfig(window=window, layout=layout, sinks=sinks)
+    check(engines("llama-tiny"), attention, chunk, "sdpa", n=n, global_positions=tuple(globals_))

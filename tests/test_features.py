@@ -35,6 +35,7 @@ def row(**change) -> dict:
         window=1024,
         layout="shift",
         sinks=4,
+        global_tokens=0,
         global_every=0,
         num_layers=12,
         hidden_size=512,

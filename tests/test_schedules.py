@@ -71,3 +71,21 @@ def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store
     assert again.decision_source == "cache" and again.schedule == answered
     assert served.num_chunks == len(answered) and max(answered) <= 128
     assert served.first_token == plain.first_token
+
+
+def test_the_search_stays_small_for_any_request(trained_store):
+    """Boundaries are capped (coarser grids for long prompts), so an adversarial request (the
+    longest prompt, one-token candidates) cannot make the service slow: it answers without a
+    schedule when no candidate fits the grid."""
+    from predictor.schedule import MAX_BOUNDARIES
+
+    predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
+    n = 1 << 20
+
+    def ask(candidates):
+        return predictor.decide(ChunkRequest(context_length=n, model="llama-tiny", hardware=HARDWARE,
+                                             candidates=candidates, schedule=True))  # fmt: skip
+
+    assert ask([1, 3]).schedule is None
+    schedule = ask([256 * (i + 1) for i in range(64)]).schedule
+    assert sum(schedule) == n and len(schedule) <= MAX_BOUNDARIES

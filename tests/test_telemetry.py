@@ -309,26 +309,35 @@ def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_un
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     client.create_registered_model(registry.MODEL_NAME)
-    for _ in range(2):
-        client.create_model_version(registry.MODEL_NAME, source=str(tmp_path))
+    for features in ("a,b", "a,b", "a,b,c"):  # the third: trained on the features of another version
+        run = client.create_run(client.create_experiment(f"e{features}{len(client.search_experiments())}"))
+        client.log_param(run.info.run_id, "features", features)
+        client.create_model_version(registry.MODEL_NAME, source=str(tmp_path), run_id=run.info.run_id)
     client.set_registered_model_alias(registry.MODEL_NAME, registry.CHAMPION, "1")
     client.set_registered_model_alias(registry.MODEL_NAME, registry.CHALLENGER, "2")
-    assert registry.settle(client, lambda *_: (0.0, 0.1, 9)) is None  # not a telemetry challenger: never
+
+    def settle(judge):
+        return registry.settle(client, judge, "a,b")
+
+    assert settle(lambda *_: (0.0, 0.1, 9)) is None  # not a telemetry challenger: never
     client.set_model_version_tag(registry.MODEL_NAME, "2", registry.WAITS, "true")
     asked = []
 
     def judge(regrets: tuple[float, float, int]):
         return lambda *args: asked.append(args) or regrets
 
-    assert "not judged yet: 2 configs" in registry.settle(client, judge((0.01, 0.03, 2)))
-    assert "not promoted" in registry.settle(client, judge((0.03, 0.03, 5)))  # a tie keeps the champion
+    assert "not judged yet: 2 configs" in settle(judge((0.01, 0.03, 2)))
+    assert "not promoted" in settle(judge((0.03, 0.03, 5)))  # a tie keeps the champion
     assert (
         asked[0][:2] == ("2", "1")
         and asked[0][2] == client.get_model_version(registry.MODEL_NAME, "2").creation_timestamp
     )
-    assert registry.settle(client, judge((0.01, 0.03, 5))).startswith("challenger v2 promoted: mean regret 0.0100")
+    assert settle(judge((0.01, 0.03, 5))).startswith("challenger v2 promoted: mean regret 0.0100")
     assert str(client.get_model_version_by_alias(registry.MODEL_NAME, registry.CHAMPION).version) == "2"
-    assert registry.settle(client, judge((0.0, 0.1, 9))) is None  # nothing waits any more
+    assert settle(judge((0.0, 0.1, 9))) is None  # nothing waits any more
+    client.set_registered_model_alias(registry.MODEL_NAME, registry.CHALLENGER, "3")
+    client.set_model_version_tag(registry.MODEL_NAME, "3", registry.WAITS, "true")
+    assert settle(judge((0.0, 0.1, 9))) is None  # other features: not this version's to judge
 
 
 def test_a_service_killed_mid_append_leaves_every_file_readable(trained_store, tmp_path):

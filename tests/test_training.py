@@ -187,3 +187,24 @@ def test_search_starts_from_the_defaults_and_keeps_the_best_trial(small_dataset)
     assert trials[0]["num_leaves"] == DEFAULT_PARAMS["num_leaves"]  # the defaults are always tried
     winner = min(trials, key=lambda t: t["mean_regret"])
     assert best == {k: v for k, v in winner.items() if k not in ("mean_regret", "seconds")}
+
+
+def test_a_champion_trained_on_other_features_is_replaced(tmp_path):
+    """After an upgrade that changes the features, the old champion cannot serve (the service
+    refuses to load it, saying why); the gate replaces it without re-measuring its recipe."""
+    from mlflow import MlflowClient
+
+    from chunkpilot.registry import gate
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.create_registered_model(MODEL_NAME)
+    run = client.create_run(client.create_experiment("older"))
+    client.log_param(run.info.run_id, "features", "context_length,chunk_size")
+    client.create_model_version(MODEL_NAME, source=str(tmp_path), run_id=run.info.run_id)
+    client.set_registered_model_alias(MODEL_NAME, "champion", "1")
+
+    def remeasure(recipe):
+        raise AssertionError("an old champion's recipe is not re-measured")
+
+    verdict = gate(client, {"all": 0.2}, {}, (10, 0), remeasure, "context_length,chunk_size,global_tokens")
+    assert verdict.alias == "champion" and "trained on other features" in verdict.reason

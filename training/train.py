@@ -180,13 +180,19 @@ def train(
         new_regret = new["all"]
         final = TTFTRegressor(params)
         final.fit(table)
-        settled = registry.settle(client, on_recent_telemetry(data, tracking_uri()))
+        settled = registry.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURES))
+        chunk_cost = fit_chunk_cost(table, params)
         verdict = registry.gate(
-            client, new, params, _row_counts(table), lambda recipe: slice_regrets(recipe, table, slices)
+            client,
+            new,
+            params,
+            _row_counts(table),
+            lambda recipe: slice_regrets(recipe, table, slices),
+            ",".join(FEATURES),
+            chunk_cost is not None,
         )
         with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
             mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
-            chunk_cost = fit_chunk_cost(table, params)
             version = _log_model(final, chunk_cost, table, data, params, slices, trials, frames, predictions, verdict)
         registry.register(client, version, verdict, new_regret, settled)
     return TrainResult(

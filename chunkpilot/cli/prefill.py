@@ -29,6 +29,9 @@ def add_attention_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", help="sliding window in tokens, or 'none' (default: the model's own)")
     parser.add_argument("--kv-layout", default="shift", choices=LAYOUTS)
     parser.add_argument("--sinks", default="0", help="first tokens every query sees besides the window")
+    parser.add_argument("--global-tokens", action="append", help="tokens every later query sees besides the window "
+                        "(selective SWA): positions 0,17,42, a token id id:5 or text:MARKER (its every occurrence); "
+                        "repeatable")  # fmt: skip
 
 
 def add_predictor_args(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +92,13 @@ def engine_config(args: argparse.Namespace):
     return EngineConfig(args.model, args.dtype, args.threads, args.attn_impl, args.device, args.seed, args.compile)
 
 
+def global_tokens(args: argparse.Namespace):
+    """--global-tokens as the engine's GlobalTokens (None: not given)."""
+    from engine.global_tokens import GlobalTokens
+
+    return None if not args.global_tokens else GlobalTokens.parse(args.global_tokens)
+
+
 def attention_config(args: argparse.Namespace, model_window: int | None) -> AttentionConfig:
     window = {None: model_window, "none": None}.get(args.window, args.window)
     return AttentionConfig(window=window, layout=args.kv_layout, sinks=args.sinks)
@@ -98,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.policy import parse_policy  # light: check what needs no model before loading torch
 
     policy = None if args.chunk_size == "auto" else parse_policy(args.chunk_size)
+    globals_ = global_tokens(args)
     if args.prompts is not None:
         from .stream import run_stream
 
@@ -113,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     policy = policy or auto_policy(args, engine)
     attention = attention_config(args, engine.shape.window)
     try:
-        measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats)
+        measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats, 1, globals_)
     finally:
         if hasattr(policy, "close"):  # `auto`: flushes its telemetry
             policy.close()
@@ -123,7 +134,12 @@ def run(args: argparse.Namespace) -> int:
             "family": engine.shape.family,
             "parameters": engine.shape.parameters,
             "shape": engine.shape.model_dump(),
-            "attention": {"window": attention.window, "layout": attention.layout, "sinks": attention.sinks},
+            "attention": {
+                "window": attention.window,
+                "layout": attention.layout,
+                "sinks": attention.sinks,
+                "global_tokens": measurement.runs[0].global_tokens,
+            },  # fmt: skip
             "dtype": config.dtype,
             "attn_impl": config.attn_impl,
             "compile": config.compile,
@@ -150,7 +166,12 @@ def read_prompt(args: argparse.Namespace) -> str | None:
 def format_report(report: dict) -> str:
     cfg, rt, med = report["config"], report["runtime"], report["median"]
     att = cfg["attention"]
-    window = "none" if att["window"] is None else f"{att['window']} ({att['layout']}, sinks {att['sinks']})"
+    window = (
+        "none"
+        if att["window"] is None
+        else f"{att['window']} ({att['layout']}, sinks {att['sinks']}"
+        + (f", {att['global_tokens']} global tokens)" if att["global_tokens"] else ")")
+    )
     schedule = report["schedule"]
     chunks = f"schedule {','.join(map(str, schedule))}" if schedule else f"chunk {report['chunk_size']}"
     lines = [

@@ -54,20 +54,24 @@ def run_stream(args: argparse.Namespace, policy) -> int:
     from engine.engine import Engine, Prompt
     from engine.stream import StreamRequest, stream
 
-    from .prefill import attention_config, auto_policy, engine_config
+    from .prefill import attention_config, auto_policy, engine_config, global_tokens
 
     engine = Engine(engine_config(args))
     policy = policy or auto_policy(args, engine)
     attention = attention_config(args, engine.shape.window)
+    globals_ = global_tokens(args)
     requests = [
         StreamRequest(
-            engine.prompt_text(Prompt(line.text, line.context_length, line.seed)), line.context_length, attention
-        )
+            engine.prompt_text(Prompt(line.text, line.context_length, line.seed)),
+            line.context_length,
+            attention,
+            globals_,
+        )  # fmt: skip
         for line in lines
     ]
     overlap = not args.no_overlap
     try:
-        engine.run(requests[0].text, requests[0].max_tokens, attention, policy)  # warm-up, not reported
+        engine.run(requests[0].text, requests[0].max_tokens, attention, policy, globals_)  # warm-up, not reported
         if not args.json:
             print(f"{'#':>3}{'tokens':>8}{'chunk':>7}  {'source':<10}{'tokenize':>9}{'decide':>8}{'prefill':>10}"
                   f"{'TTFT':>10}  (ms; overlap {'on' if overlap else 'off'})")  # fmt: skip
