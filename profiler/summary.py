@@ -28,6 +28,7 @@ def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
                 "window": window,
                 "layout": first["layout"],
                 "sinks": int(first["sinks"]),
+                "global_tokens": int(first.get("global_tokens") or 0),
                 "dtype": first["dtype"],
                 "threads": int(first["threads"]),
                 "attn_impl": first["attn_impl"],
@@ -49,7 +50,10 @@ def format_summary(summary: pd.DataFrame, limit: int = 40) -> str:
     lines = [f"{'config':<44}{'best':>6}{'TTFT ms':>10}{'worst/best':>11}{'1024 regret':>12}{'rule regret':>12}"]
     for r in summary.head(limit).itertuples():
         window = f"{r.window}{r.layout[0]}" if r.window else "none"
-        label = f"{r.model[:16]} n={r.context_length} w={window} s={r.sinks} {r.dtype[:4]} t{r.threads} {r.attn_impl}"
+        g = f" g={r.global_tokens}" if r.global_tokens else ""
+        label = (
+            f"{r.model[:16]} n={r.context_length} w={window} s={r.sinks}{g} {r.dtype[:4]} t{r.threads} {r.attn_impl}"
+        )
         lines.append(
             f"{label:<44}{r.best_chunk:>6}{r.best_ttft_ms:>10.1f}{r.worst_over_best:>11.2f}"
             f"{r.regret_1024:>12.1%}{r.regret_rule:>12.1%}" + ("  noisy" if r.noisy else "")
