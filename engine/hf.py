@@ -1,0 +1,54 @@
+"""`auto` for stock transformers users: the chunk size ChunkPilot would choose, for a model's own
+`generate(..., prefill_chunk_size=...)`. The model's config becomes the shared request (its shape,
+its own sliding window in transformers' shift layout), this machine's descriptors come from the
+engine's cache, and the answer comes from the service over HTTP or the champion in-process, with
+the engine's fallback to the hand rule (and its reason) when neither can answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from chunkpilot.contract import AttentionConfig, RequestFeatures
+
+from .hardware import local_hardware
+from .models import shape_of
+from .policy import ChunkPolicy, Decision
+from .predictor_client import AutoPolicy, InProcessPolicy
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def auto_policy(model: PreTrainedModel, predictor: str, timeout_s: float = 0.05) -> ChunkPolicy:
+    """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
+    hardware = local_hardware(DTYPE_NAMES.get(model.dtype, "float32"), torch.get_num_threads(), model.device.type)
+    if predictor.startswith(("http://", "https://")):
+        return AutoPolicy(predictor, timeout_s, hardware)
+    return InProcessPolicy(predictor, hardware)
+
+
+def prefill_chunk_size(model: PreTrainedModel, num_tokens: int, policy: ChunkPolicy) -> Decision:
+    """The decision for a prompt of `num_tokens` tokens on `model` (as `auto` makes it in the engine)."""
+    config = model.config
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    attention = AttentionConfig(window=window or None)  # transformers' sliding layers: the shift layout
+    request = RequestFeatures(
+        num_tokens,
+        shape_of(config),
+        attention,
+        DTYPE_NAMES.get(model.dtype, "float32"),
+        torch.get_num_threads(),
+        "sdpa",
+    )
+    return policy.choose(request)
+
+
+def chunked_generate(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], policy: ChunkPolicy, **generate_kwargs: Any
+) -> tuple[torch.Tensor, Decision]:
+    """`model.generate(**inputs, prefill_chunk_size=<the decision>, **generate_kwargs)` and the decision."""
+    decision = prefill_chunk_size(model, int(inputs["input_ids"].shape[-1]), policy)
+    output = model.generate(**inputs, prefill_chunk_size=decision.chunk_size, **generate_kwargs)
+    return output, decision
