@@ -168,18 +168,66 @@ def test_champion_promoted_under_load_swaps_without_a_failed_or_mixed_answer(tmp
         time.sleep(1.0)  # clients keep going on the new version
         stop.set()
         load.join()
-    assert load.errors == []
-    assert {version for _, version, *_ in load.answers} == {"1", "2"}
-    client = MlflowClient(tracking_uri=uri)
+    assert_each_answer_from_one_version(load, own_answers(uri, bodies))
+
+
+def own_answers(uri: str, bodies: list[dict]) -> dict[tuple[int, str], tuple[int, float]]:
+    """(body index, version) -> (chunk, predicted ms): versions 1 and 2, each loaded on its own."""
+    from mlflow import MlflowClient
+
     expected = {}
-    for version in ("1", "2"):  # each version's own answers, loaded on their own
-        client.set_registered_model_alias(MODEL_NAME, f"check-{version}", version)
+    for version in ("1", "2"):
+        MlflowClient(tracking_uri=uri).set_registered_model_alias(MODEL_NAME, f"check-{version}", version)
         predictor = load_predictor(uri, MODEL_NAME, f"check-{version}")
         for i, b in enumerate(bodies):
             decision = predictor.decide(ChunkRequest.model_validate(b))
             expected[i, version] = (decision.chunk_size, decision.predicted_ttft_ms)
+    return expected
+
+
+def assert_each_answer_from_one_version(load: Load, expected: dict) -> None:
+    """No request failed, both versions answered, and every answer is exactly its version's own."""
+    assert load.errors == []
+    assert {version for _, version, *_ in load.answers} == {"1", "2"}
     mixed = [(i, v, c, ms) for i, v, c, ms in load.answers if (c, ms) != expected[i, v]]
     assert not mixed, mixed[:3]
+
+
+def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_dataset, monkeypatch):
+    """Two `chunkpilot serve` processes against one real `mlflow server` (artifacts served by it),
+    both under load: a promotion moves the alias, both serve the new version within a few alias
+    polls, no request fails, and every answer is exactly one version's own. A replica keeps no state
+    but its model and its answer cache, so N of them sit behind any HTTP load balancer."""
+    from mlflow import MlflowClient
+
+    from training.train import train
+
+    poll_s = 0.5
+    with mlflow_server(f"sqlite:///{tmp_path / 'fleet.db'}", str(tmp_path / "artifacts")) as store:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+        monkeypatch.chdir(tmp_path)
+        train(small_dataset)  # v1, the champion, through the server
+        bodies = [body(i) for i in range(12)]
+        with (
+            serve_process(tracking_uri=store, poll_interval_s=poll_s) as (first, _),
+            serve_process(tracking_uri=store, poll_interval_s=poll_s) as (second, _),
+        ):
+            replicas = (first, second)
+            assert wait_until(lambda: all(is_ready(u) for u in replicas), seconds=60)
+            stop = threading.Event()
+            loads = [hammer(url, 3, bodies, stop) for url in replicas]
+            train(small_dataset, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
+            MlflowClient(tracking_uri=store).set_registered_model_alias(MODEL_NAME, "champion", "2")
+            assert wait_until(
+                lambda: all(httpx.get(f"{u}/v1/model").json()["version"] == "2" for u in replicas), seconds=20 * poll_s
+            )
+            time.sleep(1.0)  # clients keep going on the new version
+            stop.set()
+            for load in loads:
+                load.join()
+        expected = own_answers(store, bodies)
+    for load in loads:
+        assert_each_answer_from_one_version(load, expected)
 
 
 def test_engine_completes_every_prefill_while_the_service_dies_and_returns(trained_store, engines):
