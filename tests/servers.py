@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import uvicorn
 
@@ -93,3 +94,27 @@ def mlflow_server(backend_uri: str, artifacts: str | None = None, port: int | No
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@contextmanager
+def postgres(folder: Path) -> Iterator[str]:
+    """A real PostgreSQL server (pgserver's bundled binaries) with its data in `folder`; yields its
+    SQLAlchemy URI. Skips the calling test, saying why, when it cannot start here."""
+    import warnings
+
+    import pytest
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")  # platformdirs, on machines without one
+        try:
+            import pgserver
+
+            server = pgserver.get_server(folder, cleanup_mode="stop")
+        except Exception as exc:  # not installed, or no server on this machine: the reason goes to the report
+            pytest.skip(
+                f"PostgreSQL could not start: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+    try:
+        yield server.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)  # the driver installed
+    finally:
+        server.cleanup()

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import answers, free_port, mlflow_server, serve, serve_process, wait_until
+from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
 
 from chunkpilot.contract import DEFAULT_CHUNKS, PRESETS, AttentionConfig, ChunkRequest, feasible_chunks
 from chunkpilot.registry import MODEL_NAME
@@ -194,8 +194,8 @@ def assert_each_answer_from_one_version(load: Load, expected: dict) -> None:
 
 
 def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_dataset, monkeypatch):
-    """Two `chunkpilot serve` processes against one real `mlflow server` (artifacts served by it),
-    both under load: a promotion moves the alias, both serve the new version within a few alias
+    """Two `chunkpilot serve` processes against one real `mlflow server` on PostgreSQL (artifacts
+    served by the server), both under load: a promotion moves the alias, both serve the new version within a few alias
     polls, no request fails, and every answer is exactly one version's own. A replica keeps no state
     but its model and its answer cache, so N of them sit behind any HTTP load balancer."""
     from mlflow import MlflowClient
@@ -203,7 +203,7 @@ def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_datas
     from training.train import train
 
     poll_s = 0.5
-    with mlflow_server(f"sqlite:///{tmp_path / 'fleet.db'}", str(tmp_path / "artifacts")) as store:
+    with postgres(tmp_path / "pg") as backend, mlflow_server(backend, str(tmp_path / "artifacts")) as store:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
         monkeypatch.chdir(tmp_path)
         train(small_dataset)  # v1, the champion, through the server
