@@ -9,6 +9,7 @@ ConfigError naming the field, which the CLI prints as one line."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -363,6 +364,11 @@ def hand_rule(context_length: int) -> int:
 def max_chunk(context_length: int, window: int | None, layout: str) -> int:
     """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
     return min(context_length, window) if layout == "ring" and window else context_length
+
+
+def quarter_octave(context_length: int) -> int:
+    """Lengths this close share a decision (the engine's answer cache) and a kind of request (exploring)."""
+    return round(4 * math.log2(context_length))
 
 
 def spread(count: int, context_length: int) -> list[int]:

@@ -14,16 +14,18 @@ from transformers import PreTrainedModel
 from chunkpilot.contract import AttentionConfig, RequestFeatures
 
 from .hardware import local_hardware
-from .models import shape_of
+from .models import DTYPES, shape_of
 from .policy import ChunkPolicy, Decision
 from .predictor_client import AutoPolicy, InProcessPolicy
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+def dtype_name(model: PreTrainedModel) -> str:
+    return next((name for name, dtype in DTYPES.items() if dtype == model.dtype), "float32")
 
 
 def auto_policy(model: PreTrainedModel, predictor: str, timeout_s: float = 0.05) -> ChunkPolicy:
     """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
-    hardware = local_hardware(DTYPE_NAMES.get(model.dtype, "float32"), torch.get_num_threads(), model.device.type)
+    hardware = local_hardware(dtype_name(model), torch.get_num_threads(), model.device.type)
     if predictor.startswith(("http://", "https://")):
         return AutoPolicy(predictor, timeout_s, hardware)
     return InProcessPolicy(predictor, hardware)
@@ -35,12 +37,7 @@ def prefill_chunk_size(model: PreTrainedModel, num_tokens: int, policy: ChunkPol
     window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
     attention = AttentionConfig(window=window or None)  # transformers' sliding layers: the shift layout
     request = RequestFeatures(
-        num_tokens,
-        shape_of(config),
-        attention,
-        DTYPE_NAMES.get(model.dtype, "float32"),
-        torch.get_num_threads(),
-        "sdpa",
+        num_tokens, shape_of(config), attention, dtype_name(model), torch.get_num_threads(), "sdpa"
     )
     return policy.choose(request)
 

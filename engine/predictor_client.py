@@ -6,7 +6,6 @@ asking after repeated failures and probes again later. An in-process variant loa
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from chunkpilot.contract import ChunkRequest, Hardware, RequestFeatures
+from chunkpilot.contract import ChunkRequest, Hardware, RequestFeatures, quarter_octave
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
 from .policy import Decision, RulePolicy
@@ -30,7 +29,7 @@ def bucket(request: RequestFeatures) -> tuple:
     """Requests that get one answer: same everything, context within a quarter octave."""
     att = request.attention
     return (
-        round(4 * math.log2(request.context_length)),
+        quarter_octave(request.context_length),
         request.model,
         att,
         request.dtype,

@@ -4,14 +4,13 @@ and answered its smoke request."""
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from chunkpilot import registry
-from chunkpilot.contract import ChunkRequest
+from chunkpilot.contract import ChunkRequest, quarter_octave
 from chunkpilot.dataset import Partition
 from chunkpilot.registry import CHALLENGER
 
@@ -126,9 +125,7 @@ class ServiceState:
             answer = pick
         else:
             shadow = None if challenger is None else challenger.decide(request).chunk_size
-            similar = (
-                f"{round(4 * math.log2(request.context_length))}|{request.model_dump_json(exclude={'context_length'})}"
-            )
+            similar = f"{quarter_octave(request.context_length)}|{request.model_dump_json(exclude={'context_length'})}"
             answer = self.explorer.answer(pick, predictor.uncertainty, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()
