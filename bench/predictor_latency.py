@@ -24,10 +24,11 @@ from urllib.parse import urlsplit
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 
 
-def body(i: int) -> dict:
+def body(i: int, schedule: bool = False) -> dict:
     """Requests that differ (1,200 distinct, so the service's cache answers only repeats)."""
     window = [None, 512, 1024, 2048][i % 4]
     return {
+        "schedule": schedule,
         "context_length": 500 + 37 * (i % 400),
         "model": ["llama-tiny", "mistral-44m", "qwen2-gqa"][i % 3],
         "attention": {"window": window, "layout": "ring" if window == 1024 else "shift"},
@@ -97,33 +98,35 @@ def stdlib_post(url: str) -> Callable[[dict], None]:
 
 def client(job: tuple) -> list[float]:
     """One engine: connect, warm up, then `n` requests from `start_at` on its schedule."""
-    url, k, n, every_s, start_at, lean = job
+    url, k, n, every_s, start_at, lean, schedule = job
     post = (stdlib_post if lean else httpx_post)(url)
     time.sleep(max(0.0, start_at - 1.0 - time.time()))  # warm up just before: keep-alive closes idle connections
     for i in range(5):
-        post(body(k * n + i))
+        post(body(k * n + i, schedule))
     times = []
     for i in range(n):
         time.sleep(max(0.0, start_at + i * every_s - time.time()))
         t0 = time.perf_counter()
-        post(body(k * n + i))
+        post(body(k * n + i, schedule))
         times.append((time.perf_counter() - t0) * 1e3)
     return times
 
 
-def over_http(url: str, clients: int, per_client: int, every_ms: float = 0.0, lean: bool = False) -> str:
+def over_http(
+    url: str, clients: int, per_client: int, every_ms: float = 0.0, lean: bool = False, schedule: bool = False
+) -> str:
     """`clients` processes. every_ms 0: back to back (latency = clients / throughput); else each
-    asks on a fixed schedule, the schedules spread evenly over the period."""
+    asks on a fixed timetable, spread evenly over the period. `schedule`: ask for chunk schedules."""
     every_s = every_ms / 1e3
     start_at = time.time() + 2.0 + 0.3 * clients  # every process started by then
-    jobs = [(url, k, per_client, every_s, start_at + k * every_s / clients, lean) for k in range(clients)]
+    jobs = [(url, k, per_client, every_s, start_at + k * every_s / clients, lean, schedule) for k in range(clients)]
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
         results = pool.map(client, jobs)
     times = [t for r in results for t in r]
     wall = max(time.time() - start_at, 1e-9)
     mode = f"one request per {every_ms:g} ms each" if every_ms else "back to back"
-    who = "stdlib" if lean else "httpx"
-    return f"HTTP {who:>6}, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s"
+    who = ("stdlib" if lean else "httpx") + (" + schedule" if schedule else "")
+    return f"HTTP {who:>17}, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s"
 
 
 def main() -> None:
@@ -147,6 +150,7 @@ def main() -> None:
         for every_ms in (10, 50):
             print(over_http(url, 8, max(args.requests // 8, 20), every_ms=every_ms))
         print(over_http(url, 8, max(args.requests // 8, 20), every_ms=50, lean=True))
+        print(over_http(url, 8, max(args.requests // 8, 20), every_ms=50, schedule=True))
         print(over_http(url, 32, max(args.requests // 32, 20), every_ms=50))
     finally:
         server.terminate()

@@ -27,22 +27,33 @@ def quiet_mlflow() -> Iterator[None]:
         yield
 
 
+def ensure_experiment(name: str, uri: str | None = None) -> str:
+    """The id of experiment `name` in the store at `uri` (default: tracking_uri()), created if
+    missing; a second process creating it at the same moment (two profilers) is fine."""
+    from mlflow import MlflowClient, MlflowException
+
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///"):
+        MLRUNS.mkdir(exist_ok=True)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        # the default store keeps artifacts beside it, under mlruns/; a tracking server decides
+        location = (MLRUNS / "artifacts" / name).resolve().as_uri() if uri.startswith("sqlite:") else None
+        try:
+            client.create_experiment(name, artifact_location=location)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id
+
+
 def use_experiment(name: str) -> str:
     """Point mlflow at the store and select (creating if needed) the experiment; returns its id."""
     import mlflow
 
-    uri = tracking_uri()
-    if uri.startswith("sqlite:///"):
-        MLRUNS.mkdir(exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    experiment = mlflow.get_experiment_by_name(name)
-    if experiment is not None:
-        experiment_id = experiment.experiment_id
-    elif uri.startswith("sqlite:"):  # the default store keeps artifacts beside it, under mlruns/
-        experiment_id = mlflow.create_experiment(
-            name, artifact_location=(MLRUNS / "artifacts" / name).resolve().as_uri()
-        )
-    else:  # a tracking server decides where artifacts go
-        experiment_id = mlflow.create_experiment(name)
+    mlflow.set_tracking_uri(tracking_uri())
+    experiment_id = ensure_experiment(name)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id

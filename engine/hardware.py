@@ -66,7 +66,7 @@ def fingerprint(device: str = "cpu") -> dict:
         static = {
             "device_kind": "cpu",
             "device_name": _cpu_name(),
-            "cores": os.cpu_count() or 1,
+            "cores": len(os.sched_getaffinity(0)),  # the cores this process may use: a pinned container's, say
             "l2_cache_bytes": _cache_bytes(2),
             "l3_cache_bytes": _cache_bytes(3),
             "memory_bytes": _memory_bytes(),

@@ -72,8 +72,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         stop = threading.Event()
         if settings.poll_interval_s > 0:  # also how a service that started without a model becomes ready
             threading.Thread(target=state.poll_forever, args=(stop,), daemon=True, name="alias-poll").start()
+        publishing = threading.Thread(target=state.publish_forever, args=(stop,), daemon=True, name="publish")
+        if settings.publish_telemetry:
+            publishing.start()
         yield
         stop.set()
+        if publishing.is_alive():
+            publishing.join(timeout=10)  # what is queued goes to the server before the process ends
 
     app = FastAPI(title="ChunkPilot predictor", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

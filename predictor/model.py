@@ -112,7 +112,8 @@ class Predictor:
         schedule = None
         if request.schedule and self.chunk_cost is not None:
             limit = max_chunk(n, att.window, att.layout)
-            planned = best_schedule(self.chunk_cost, x[0], n, chunks, limit)
+            ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the pick first
+            planned = best_schedule(self.chunk_cost, x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]
         return Answer(
             chunk_size=chunks[best],

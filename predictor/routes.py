@@ -110,7 +110,7 @@ async def feedback(body: Feedback, state: State, _: Trusted) -> FeedbackResult:
         state.metrics.outcome_rejections.labels(reason).inc(count)
     state.metrics.outcomes.labels("rejected").inc(rejected.total())
     if accepted:
-        await run_in_threadpool(state.telemetry.append, accepted)  # one atomic file per machine
+        await run_in_threadpool(state.record, accepted)
         state.metrics.outcomes.labels("accepted").inc(len(accepted))
     return FeedbackResult(accepted=len(accepted), rejected=dict(rejected))
 

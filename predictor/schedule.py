@@ -1,12 +1,13 @@
 """A chunk schedule chosen by the per-chunk cost model: the cheapest path over chunk boundaries.
 
-Boundaries are sums of candidate sizes, on a grid: multiples of GRID tokens where enough sizes are,
-else of their greatest common divisor, coarsened until a prompt has at most MAX_BOUNDARIES of them
-(sizes off the grid drop out), so that no request can make the search slow. From each boundary a
-chunk of any candidate size goes on, or the rest of the prompt in one last chunk when the layout
-allows it. Every uniform size on the grid is one of these paths, so the schedule is never predicted
-slower than the best of them. The model's chunks of every (boundary, size) pair are predicted in
-one call; the walk is plain Python.
+The path's steps are the TTFT model's best few sizes (STEPS), the boundaries multiples of their
+greatest common divisor: a size joins only while a prompt keeps at most MAX_BOUNDARIES of them,
+so the search predicts about a hundred chunks at most and the decision stays within the plain
+answer's latency budget. From each boundary a chunk of any step size goes on; the last chunk may be
+cut short (as a uniform size's is), and the whole prompt in one chunk is a path when the layout
+allows it. Every uniform step size is one of these paths, so the schedule is never predicted slower
+than the TTFT model's own pick run uniformly. The chunks of every (boundary, size) pair are
+predicted in one call; the walk is plain Python.
 """
 
 from __future__ import annotations
@@ -17,21 +18,39 @@ import numpy as np
 
 from chunkpilot.chunk_features import predict_chunk_ms
 
-GRID = 256  # tokens between boundaries: 256 keeps a 12k prompt to ~50 boundaries (the decision's budget)
-MAX_BOUNDARIES = 128
+STEPS = 3  # the TTFT model's best sizes that a schedule may mix
+MAX_BOUNDARIES = 32  # per prompt: with STEPS, ~100 chunk predictions (~0.1 ms) at most
+
+
+def search_steps(sizes: list[int], n: int, limit: int) -> tuple[list[int], int] | None:
+    """(step sizes, boundary grid) for a prompt of `n` tokens: `sizes` best first, `limit` the
+    largest chunk the layout takes. ([], n) when no size is shorter than the prompt (one chunk);
+    None when even the best size would need more than MAX_BOUNDARIES boundaries."""
+    fitting = [s for s in sizes if s <= limit and s < n][:STEPS]
+    steps, grid = [], 0
+    for size in fitting:
+        if n / math.gcd(grid, size) <= MAX_BOUNDARIES:
+            steps, grid = [*steps, size], math.gcd(grid, size)
+    return None if fitting and not steps else (steps, grid or n)
 
 
 def best_schedule(booster, config: np.ndarray, n: int, sizes: list[int], limit: int) -> tuple[list[int], float] | None:
-    """(chunk sizes in order summing to `n`, their predicted prefill ms), or None when no candidate
-    size fits the grid. `config` [FEATURES] is the request's feature row; `sizes` the candidate
-    sizes; `limit` the largest chunk the layout takes."""
-    fitting = sorted({s for s in sizes if s <= limit and s < n})
-    grid = GRID if any(s % GRID == 0 for s in fitting) else math.gcd(*fitting) if fitting else n
-    grid *= max(1, math.ceil(n / (grid * MAX_BOUNDARIES)))  # coarser for long prompts
-    steps = [s for s in fitting if s % grid == 0]
-    if fitting and not steps:
+    """(chunk sizes in order summing to `n`, their predicted prefill ms), or None when no size
+    makes a small enough search. `config` [FEATURES] is the request's feature row; `sizes` the
+    candidate sizes, best first."""
+    found = search_steps(sizes, n, limit)
+    if found is None:
         return None
-    edges = [(h, q) for h in range(0, n, grid) for q in [*(s for s in steps if h + s < n), n - h] if q <= limit]
+    steps, grid = found
+    longest = max(steps, default=n)
+    edges = [
+        (h, q)
+        for h in range(0, n, grid)
+        for q in [
+            *(s for s in steps if h + s < n),
+            *([n - h] if n - h <= limit and (n - h <= longest or h == 0) else []),
+        ]
+    ]
     h, q = (np.array(v, dtype=float) for v in zip(*edges, strict=True))
     ms = predict_chunk_ms(booster, np.repeat(config[None], len(edges), axis=0), q, h)
     best: dict[int, tuple[float, int]] = {0: (0.0, 0)}  # boundary -> (cost so far, the chunk that reached it)

@@ -4,14 +4,18 @@ and answered its smoke request."""
 
 from __future__ import annotations
 
+import queue
+import socket
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from chunkpilot import registry
 from chunkpilot.contract import ChunkRequest, quarter_octave
 from chunkpilot.dataset import Partition
+from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
 from chunkpilot.registry import CHALLENGER
 
 from .explore import Explorer
@@ -44,6 +48,8 @@ class ServiceMetrics:
         )
         self.explore_share = Gauge("chunkpilot_explore_spent_share", "Predicted extra TTFT of exploring / TTFT served",
                                    registry=registry)  # fmt: skip
+        self.published = Counter("chunkpilot_telemetry_published", "Telemetry files published to the tracking "
+                                 "server, by result (ok, failed)", ["result"], registry=registry)  # fmt: skip
         self.model_version = Gauge(
             "chunkpilot_model_version", "Registered model version being served", registry=registry
         )
@@ -61,6 +67,7 @@ class ServiceState:
     not_ready: str = "no model loaded yet"
     last_error: str | None = None  # the last failed load, shown by /readyz even while an old model serves
     last_retrain: str | None = None  # what the latest (re)training did or why it failed (registry tag)
+    unpublished: queue.Queue[Path] = field(default_factory=queue.Queue)  # telemetry files for the server
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -131,6 +138,30 @@ class ServiceState:
             self.metrics.explored.inc()
         self.metrics.decisions.labels(str(answer.chunk_size), source).inc()
         return answer, source
+
+    def record(self, outcomes: list) -> None:
+        """Accepted outcomes into the telemetry partition (one atomic file per machine), queued for
+        publishing when the fleet shares a tracking server."""
+        for path in self.telemetry.append(outcomes):
+            if self.settings.publish_telemetry:
+                self.unpublished.put(path)
+
+    def publish_forever(self, stop: threading.Event) -> None:
+        """Publish queued telemetry files into this replica's `telemetry` run (opened with the first),
+        off the request path; after `stop`, what is queued still goes. A file that fails stays on disk."""
+        publisher = None
+        while not (stop.is_set() and self.unpublished.empty()):
+            try:
+                path = self.unpublished.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                name = f"telemetry {socket.gethostname()}"
+                publisher = publisher or Publisher.open(self.settings.tracking_uri, TELEMETRY, name, {SPEC: TELEMETRY})
+                ok = publisher.publish(path)
+            except Exception:  # the server is unreachable: the next file tries again
+                ok = False
+            self.metrics.published.labels("ok" if ok else "failed").inc()
 
     def poll_forever(self, stop: threading.Event) -> None:
         """Re-check the alias every poll_interval_s until stopped."""

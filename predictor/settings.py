@@ -30,3 +30,5 @@ class Settings(BaseSettings):
     explore_budget: float = Field(default=0.01, ge=0, le=0.5, description="share of the served (predicted) TTFT "
                                   "exploring may cost; 0: never explore")  # fmt: skip
     telemetry_max_bytes: int = Field(default=256 * 2**20, ge=2**16, description="the oldest files go beyond this")
+    publish_telemetry: bool = Field(default=False, description="also publish each telemetry file to the tracking "
+                                    "server, for `chunkpilot train --from-tracking` (a fleet of replicas)")  # fmt: skip

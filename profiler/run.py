@@ -1,5 +1,6 @@
 """A profiling run: plan the configs still to do, measure them in a worker, write each as soon as
-it is finished, show progress, then summarise and log the run to MLflow."""
+it is finished (and publish it to the tracking server: chunkpilot/fleet.py), show progress, then
+summarise and log the run to MLflow."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from chunkpilot.dataset import LISTS, finished_keys, write_config
+from chunkpilot.fleet import HARDWARE, PROFILING, SPEC, Publisher
 
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
@@ -51,10 +53,24 @@ def machine_dir(out: Path, spec: Spec) -> Path:
     return out / spec.name / fingerprint()["hardware_id"]
 
 
-def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> RunReport:
+def open_run(spec: Spec, out: Path) -> Publisher:
+    """The spec's `profiling` run on this machine, opened before measuring so that each finished
+    config is published as soon as it is written."""
+    from chunkpilot.tracking import quiet_mlflow, tracking_uri
+
+    hardware_id = machine_dir(out, spec).name
+    with quiet_mlflow():
+        return Publisher.open(tracking_uri(), PROFILING, spec.name, {HARDWARE: hardware_id, SPEC: spec.name})
+
+
+def run_profile(
+    spec: Spec, out: Path, budget_minutes: float | None = None, publisher: Publisher | None = None
+) -> RunReport:
     directory = machine_dir(out, spec)
     report = RunReport(directory)
     done = finished_keys(directory)
+    if publisher is not None and (caught_up := publisher.catch_up(directory, spec.name)):
+        print(f"published {caught_up} finished configs that no run had published yet", file=sys.stderr)
     shapes = {m: known_shape(m) for m in dict.fromkeys(c.model for c in spec.configs)}
     plan: list[ProfileConfig] = []
     chunks: dict[ProfileConfig, list[int]] = {}
@@ -95,7 +111,9 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
                         flush=True,
                     )
                     continue
-                write_config(directory, config.key, rows)
+                written = write_config(directory, config.key, rows)
+                if publisher is not None:
+                    publisher.publish(written)
                 seconds = time.monotonic() - t0
                 times.learn(config, costs[config], seconds)
                 report.measured.append(config.key)
@@ -118,14 +136,17 @@ def run_profile(spec: Spec, out: Path, budget_minutes: float | None = None) -> R
     return report
 
 
-def log_run(spec: Spec, report: RunReport, dataset: pd.DataFrame, budget_minutes: float | None) -> str:
-    """The run as an MLflow run in the `profiling` experiment, the dataset as its input."""
+def log_run(
+    publisher: Publisher, spec: Spec, report: RunReport, dataset: pd.DataFrame, budget_minutes: float | None
+) -> str:
+    """Close the run: the spec, what was measured, the dataset as its input."""
     import mlflow
 
-    from chunkpilot.tracking import quiet_mlflow, use_experiment
+    from chunkpilot.tracking import quiet_mlflow, tracking_uri
 
     measured = dataset[dataset.config_key.isin(report.measured)]
-    with quiet_mlflow(), mlflow.start_run(run_name=spec.name, experiment_id=use_experiment("profiling")) as run:
+    mlflow.set_tracking_uri(tracking_uri())
+    with quiet_mlflow(), mlflow.start_run(run_id=publisher.run_id) as run:
         mlflow.log_params(
             {
                 "spec": spec.name,

@@ -1,6 +1,7 @@
 """Chunk schedules chosen by the champion's per-chunk cost model: asked with `"schedule": true`, the
 service answers sizes in order that fit the layout and sum to the prompt, predicted no slower than
-any uniform size on the same boundaries; the engine runs them with the same first token."""
+the TTFT model's best sizes run uniformly (its own pick among them); the engine runs them with the
+same first token."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from engine.policy import FixedPolicy
 from engine.predictor_client import AutoPolicy, InProcessPolicy
 from predictor.app import create_app
 from predictor.model import load_predictor, resolve_hardware
-from predictor.schedule import GRID
+from predictor.schedule import search_steps
 from predictor.settings import Settings
 
 HARDWARE = Hardware(matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9, cores=2)
@@ -45,9 +46,9 @@ def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(tra
             ).sum()
         )
 
-    uniform_sizes = [
-        c for c in predictor.candidates(request) if c % GRID == 0 and c <= max_chunk(n, att.window, att.layout)
-    ]
+    ranked = [answer.chunk_size, *(c.chunk_size for c in answer.top if c.chunk_size != answer.chunk_size)]
+    uniform_sizes, _ = search_steps(ranked, n, max_chunk(n, att.window, att.layout))
+    assert answer.chunk_size in uniform_sizes or answer.chunk_size >= n
     assert all(predicted(answer.schedule) <= predicted(uniform(n, c)) * (1 + 1e-9) for c in uniform_sizes)
     assert predictor.decide(request.model_copy(update={"schedule": False})).schedule is None  # only when asked
 
@@ -74,9 +75,9 @@ def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store
 
 
 def test_the_search_stays_small_for_any_request(trained_store):
-    """Boundaries are capped (coarser grids for long prompts), so an adversarial request (the
-    longest prompt, one-token candidates) cannot make the service slow: it answers without a
-    schedule when no candidate fits the grid."""
+    """Steps and boundaries are capped, so an adversarial request (the longest prompt, one-token
+    candidates) cannot make the service slow: it answers without a schedule when even the best
+    size would need too many boundaries."""
     from predictor.schedule import MAX_BOUNDARIES
 
     predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
@@ -87,5 +88,6 @@ def test_the_search_stays_small_for_any_request(trained_store):
                                              candidates=candidates, schedule=True))  # fmt: skip
 
     assert ask([1, 3]).schedule is None
-    schedule = ask([256 * (i + 1) for i in range(64)]).schedule
+    assert set(ask([1 << 14, 1 << 15]).schedule) <= {1 << 15, n}  # 16k chunks would need 64 boundaries
+    schedule = ask([n // 4, n // 8, 3 * n // 16]).schedule  # boundaries every 1/16 of the prompt
     assert sum(schedule) == n and len(schedule) <= MAX_BOUNDARIES

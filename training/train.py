@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import pandas as pd
 from chunkpilot import registry
 from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
+from chunkpilot.fleet import Gathered, gather
 from chunkpilot.registry import Verdict
 from chunkpilot.tracking import quiet_mlflow, tracking_uri, use_experiment
 
@@ -55,7 +57,7 @@ def hardware_table(rows: pd.DataFrame) -> dict:
     }
 
 
-def _log_dataset(table: Table, source: Path) -> None:
+def _log_dataset(table: Table, source: str) -> None:
     import mlflow
 
     lineage = table.rows.drop(columns=LISTS)
@@ -86,7 +88,7 @@ def _log_model(
     final: TTFTRegressor,
     chunk_cost: PerChunkCost | None,
     table: Table,
-    data: Path,
+    source: str,
     params: dict,
     slices: dict,
     trials: list[dict],
@@ -134,7 +136,7 @@ def _log_model(
     ):
         mlflow.log_figure(figure, name)
         plots.plt.close(figure)
-    _log_dataset(table, data)
+    _log_dataset(table, source)
     example = pd.DataFrame(table.x[:3], columns=list(FEATURES))
     signature = mlflow.models.infer_signature(example, booster.predict(table.x[:3]))
     info = mlflow.lightgbm.log_model(
@@ -144,10 +146,16 @@ def _log_model(
 
 
 def train(
-    data: Path, experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0
+    data: Path,
+    experiment: str = "chunk-size",
+    params: dict | None = None,
+    search_minutes: float = 0.0,
+    source: str | None = None,
 ) -> TrainResult:
     """Cross-validate every baseline and variant and the model on the same slices, each its own run;
-    then fit on all rows, pass the gate, log and register."""
+    then fit on all rows, pass the gate, log and register. `source`: where the data came from, for
+    the runs' lineage (default: the `data` folder)."""
+    source = source or str(data)
     import mlflow
     from mlflow import MlflowClient
 
@@ -172,7 +180,7 @@ def train(
             with mlflow.start_run(experiment_id=experiment_id, run_name=policy.name):
                 mlflow.set_tags({"role": role, "policy": policy.name})
                 mlflow.log_metrics(flat(metrics[policy.name]))
-                _log_dataset(table, data)
+                _log_dataset(table, source)
 
         frame, predictions = cross_validate(lambda: TTFTRegressor(params), table, slices)
         frames["lgbm-regressor"], metrics["lgbm-regressor"] = frame, slice_metrics(frame)
@@ -193,10 +201,32 @@ def train(
         )
         with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
             mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
-            version = _log_model(final, chunk_cost, table, data, params, slices, trials, frames, predictions, verdict)
+            version = _log_model(final, chunk_cost, table, source, params, slices, trials, frames, predictions, verdict)
         registry.register(client, version, verdict, new_regret, settled)
     return TrainResult(
         metrics, version, verdict, settled, time.monotonic() - start, len(table.rows), table.rows.group.nunique()
+    )
+
+
+def train_from_tracking(
+    experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0
+) -> tuple[Gathered, TrainResult]:
+    """`train` on every partition the fleet published to the tracking server (chunkpilot/fleet.py):
+    each machine's profiled configs and the services' telemetry batches."""
+    from mlflow import MlflowClient
+
+    uri = tracking_uri()
+    with tempfile.TemporaryDirectory(prefix="chunkpilot-fleet-") as tmp:
+        with quiet_mlflow():
+            gathered = gather(MlflowClient(uri), Path(tmp) / "ttft")
+        source = f"{uri} ({len(gathered.runs)} publishing runs)"
+        return gathered, train(gathered.root, experiment, params, search_minutes, source)
+
+
+def format_gathered(gathered: Gathered) -> str:
+    return (
+        f"gathered {gathered.profiled} configs and {gathered.telemetry} telemetry batches of "
+        f"{len(gathered.machines)} machines ({', '.join(gathered.machines)}) from {len(gathered.runs)} runs"
     )
 
 

@@ -42,7 +42,7 @@ def _step(n: int, text: str, start: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from chunkpilot.dataset import read_dataset
-    from profiler.run import log_run, run_profile
+    from profiler.run import log_run, open_run, run_profile
     from profiler.spec import Spec
     from training.train import format_result, train
 
@@ -51,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     spec = Spec.from_file(args.spec)
     _step(1, f"profiling this machine for up to {minutes:g} min ({args.spec}), beside the shipped data", start)
-    report = run_profile(spec, args.data, minutes)
-    log_run(spec, report, read_dataset(report.directory), minutes)
+    publisher = open_run(spec, args.data)
+    report = run_profile(spec, args.data, minutes, publisher)
+    log_run(publisher, spec, report, read_dataset(report.directory), minutes)
 
     _step(2, f"training on every profiled row under {args.data} and registering through the promotion gate", start)
     print(format_result(train(args.data)), flush=True)

@@ -20,7 +20,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--check-repro", action="store_true", help="re-measure a sample of finished configs in a fresh process"
     )
     parser.add_argument("--sample", default="10", help="configs re-measured by --check-repro")
-    parser.add_argument("--no-mlflow", action="store_true", help="do not log the run to MLflow")
+    parser.add_argument(
+        "--no-mlflow", action="store_true", help="do not log the run (nor publish its configs) to MLflow"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,12 +42,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from chunkpilot.dataset import read_dataset
-    from profiler.run import log_run, run_profile
+    from profiler.run import log_run, open_run, run_profile
     from profiler.summary import format_summary, summarize_configs
 
-    report = run_profile(spec, args.out, budget)
+    publisher = None if args.no_mlflow else open_run(spec, args.out)
+    report = run_profile(spec, args.out, budget, publisher)
     if not report.measured and not report.already_done:
         print("nothing measured yet", file=sys.stderr)
+        if publisher is not None:
+            publisher.client.set_terminated(publisher.run_id, "KILLED" if report.interrupted else "FINISHED")
         return 130 if report.interrupted else 0
     dataset = read_dataset(report.directory)  # this machine's rows: another's share the config keys
     print(format_summary(summarize_configs(dataset)))
@@ -54,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
         f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "
         f"dataset: {len(dataset)} rows in {report.directory}"
     )
-    if not args.no_mlflow:
-        run_id = log_run(spec, report, dataset, budget)
-        print(f"logged to MLflow experiment 'profiling', run {run_id}")
+    if publisher is not None:
+        run_id = log_run(publisher, spec, report, dataset, budget)
+        print(f"logged to MLflow experiment 'profiling', run {run_id}, each finished config as an artifact")
     if report.interrupted:
         print("interrupted: finished configs are saved; rerun the same command to resume", file=sys.stderr)
         return 130

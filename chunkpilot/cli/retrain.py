@@ -18,6 +18,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="dataset root (telemetry included)")
     parser.add_argument("--experiment", default="chunk-size", help="MLflow experiment")
     parser.add_argument("--every", help="minutes between retrains (default: retrain once)")
+    parser.add_argument(
+        "--from-tracking",
+        action="store_true",
+        help="train on what the fleet published to the tracking server instead of --data's files",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,12 +32,17 @@ def run(args: argparse.Namespace) -> int:
 
     from chunkpilot import registry
     from chunkpilot.tracking import quiet_mlflow, tracking_uri
-    from training.train import format_result, train
+    from training.train import format_gathered, format_result, train, train_from_tracking
 
     while True:
         started = time.monotonic()
         try:
-            print(format_result(train(args.data, args.experiment)), flush=True)
+            if args.from_tracking:
+                gathered, result = train_from_tracking(args.experiment)
+                print(format_gathered(gathered), flush=True)
+            else:
+                result = train(args.data, args.experiment)
+            print(format_result(result), flush=True)
         except Exception as exc:  # the champion keeps serving; say why where the service shows it
             reason = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             print(f"chunkpilot retrain: {reason}", flush=True)

@@ -12,6 +12,12 @@ HELP = "train the chunk-size model, log it and its baselines to MLflow, register
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="dataset root (default data/ttft)")
+    parser.add_argument(
+        "--from-tracking",
+        action="store_true",
+        help="train on what every machine published to the tracking server (MLFLOW_TRACKING_URI): "
+        "profiled configs and telemetry batches, instead of --data's files",
+    )
     parser.add_argument("--experiment", default="chunk-size", help="MLflow experiment")
     parser.add_argument("--n-estimators", help="LightGBM trees (default 120)")
     parser.add_argument("--num-leaves", help="LightGBM leaves per tree (default 15)")
@@ -31,7 +37,12 @@ def run(args: argparse.Namespace) -> int:
         0.0 if args.search_minutes is None else number("search_minutes", args.search_minutes, float, gt=0, le=24 * 60)
     )
 
-    from training.train import format_result, train
+    from training.train import format_gathered, format_result, train, train_from_tracking
 
-    print(format_result(train(args.data, args.experiment, params, search_minutes)))
+    if args.from_tracking:
+        gathered, result = train_from_tracking(args.experiment, params, search_minutes)
+        print(format_gathered(gathered))
+    else:
+        result = train(args.data, args.experiment, params, search_minutes)
+    print(format_result(result))
     return 0
