@@ -274,6 +274,17 @@ def test_tiny_spec_runs_and_logs_to_mlflow(tmp_path, mlflow_store, capsys):
     assert "0 configs measured" in capsys.readouterr().out and len(read_dataset(out / "tiny")) == len(df)
 
 
+def test_an_unreachable_tracking_server_costs_no_measurement(tmp_path, monkeypatch, capsys):
+    from chunkpilot.cli.processes import free_port
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    spec = write_spec(tmp_path, TINY)
+    assert main(["profile", "--spec", str(spec), "--out", str(tmp_path / "ttft")]) == 0
+    said = capsys.readouterr().err
+    assert "opening a profiling run on http://127.0.0.1:" in said and "next run publishes them" in said
+    assert read_dataset(tmp_path / "ttft" / "tiny").config_key.nunique() == len(Spec.from_dict(TINY).configs)
+
+
 def test_sweep_killed_at_random_moments_resumes_exactly(tmp_path):
     """SIGKILL (parent and worker) at five random moments, some mid-write: every file left is
     readable, and the resumed sweep has exactly the spec's rows, none twice."""

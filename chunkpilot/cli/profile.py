@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from chunkpilot.contract import number
 
+if TYPE_CHECKING:
+    from chunkpilot.fleet import Publisher
+    from profiler.spec import Spec
+
+T = TypeVar("T")
 HELP = "measure TTFT for every chunk size over a spec's configs (resumable)"
 
 
@@ -42,15 +49,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from chunkpilot.dataset import read_dataset
-    from profiler.run import log_run, open_run, run_profile
+    from profiler.run import log_run, run_profile
     from profiler.summary import format_summary, summarize_configs
 
-    publisher = None if args.no_mlflow else open_run(spec, args.out)
+    publisher = None if args.no_mlflow else _tracked(lambda: _open(spec, args.out), "opening a profiling run")
     report = run_profile(spec, args.out, budget, publisher)
     if not report.measured and not report.already_done:
         print("nothing measured yet", file=sys.stderr)
         if publisher is not None:
-            publisher.client.set_terminated(publisher.run_id, "KILLED" if report.interrupted else "FINISHED")
+            status = "KILLED" if report.interrupted else "FINISHED"
+            _tracked(lambda: publisher.client.set_terminated(publisher.run_id, status), "closing the profiling run")
         return 130 if report.interrupted else 0
     dataset = read_dataset(report.directory)  # this machine's rows: another's share the config keys
     print(format_summary(summarize_configs(dataset)))
@@ -59,10 +67,39 @@ def run(args: argparse.Namespace) -> int:
         f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "
         f"dataset: {len(dataset)} rows in {report.directory}"
     )
-    if publisher is not None:
-        run_id = log_run(publisher, spec, report, dataset, budget)
+    if publisher is not None and (run_id := _tracked(lambda: log_run(publisher, spec, report, dataset, budget),
+                                                     "closing the profiling run")):  # fmt: skip
         print(f"logged to MLflow experiment 'profiling', run {run_id}, each finished config as an artifact")
     if report.interrupted:
         print("interrupted: finished configs are saved; rerun the same command to resume", file=sys.stderr)
         return 130
     return 1 if report.failed else 0
+
+
+def _open(spec: Spec, out: Path) -> Publisher:
+    """The profiling run, once the tracking server answers (MLflow's own retries take minutes)."""
+    from chunkpilot.cli.processes import answers
+    from chunkpilot.tracking import tracking_uri
+    from profiler.run import open_run
+
+    uri = tracking_uri()
+    if uri.startswith(("http://", "https://")) and not answers(f"{uri.rstrip('/')}/health"):
+        raise ConnectionError("it does not answer GET /health")
+    return open_run(spec, out)
+
+
+def _tracked(call: Callable[[], T], what: str) -> T | None:
+    """The tracking server's part of a profile: if it fails, say so in one line and go on, since the
+    files on disk are the record (the spec's next run publishes what no run has listed)."""
+    from chunkpilot.tracking import tracking_uri
+
+    try:
+        return call()
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        print(
+            f"chunkpilot profile: {what} on {tracking_uri()} failed ({type(exc).__name__}: {reason[:200]}); "
+            "the measured configs stay on disk and the spec's next run publishes them",
+            file=sys.stderr,
+        )
+        return None

@@ -1,5 +1,6 @@
 """`chunkpilot retrain`: train on everything under the data root (the shipped data, any profiles
-and the engine's telemetry) and pass the gate, which also judges the engine's recent prefills;
+and the engine's telemetry), or with --from-tracking on what the fleet published to the tracking
+server, and pass the gate, which also judges the engine's recent prefills;
 once, or every N minutes unattended. A failed or worse retrain leaves the champion serving and says
 why (the run's tags, the registered model's `last_retrain` tag, the service's /readyz)."""
 
