@@ -13,6 +13,7 @@ unlisted artifact, which nothing reads; a profiler's rerun lists what the killed
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sys
 import tempfile
@@ -94,12 +95,29 @@ class Gathered:
     runs: list[str] = field(default_factory=list)  # the runs whose partitions it holds
     profiled: int = 0  # configs
     telemetry: int = 0  # batches of prefills
+    downloaded: int = 0  # the others came from the cache
     machines: list[str] = field(default_factory=list)
 
 
-def gather(client, root: Path) -> Gathered:
-    """Download every listed partition into `root` (the latest run's copy of each), each checked
-    against its digest, its run's spec and machine, and the schema."""
+def _fetch(client, run_id: str, artifact: str, digest: str, cache: Path | None, tmp: str) -> tuple[Path | None, bool]:
+    """(the listed file, whether it was downloaded): from `cache` (files named by their digest), else
+    downloaded and then cached. No file when the download does not match its digest."""
+    cached = None if cache is None else cache / f"{digest}.parquet"
+    if cached is not None and cached.is_file() and sha256(cached) == digest:
+        return cached, False
+    path = Path(client.download_artifacts(run_id, artifact, tmp))
+    if sha256(path) != digest:
+        return None, True
+    if cached is not None:  # whole or not at all: a copy beside it, then a rename
+        cache.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, cached.with_suffix(".tmp"))
+        os.replace(cached.with_suffix(".tmp"), cached)
+    return path, True
+
+
+def gather(client, root: Path, cache: Path | None = None) -> Gathered:
+    """Copy every listed partition into `root` (the latest run's copy of each), downloaded unless
+    `cache` holds it, each checked against its digest, its run's spec and machine, and the schema."""
     latest: dict[tuple[str, str], tuple[object, str]] = {}
     for run in _runs(client):  # oldest first: a later run's copy replaces an earlier one's
         for partition, digest in listed(run).items():
@@ -111,8 +129,9 @@ def gather(client, root: Path) -> Gathered:
         for (hardware_id, name), (run, digest) in latest.items():
             run_id, spec = run.info.run_id, run.data.tags.get(SPEC, PROFILING)
             where = f"run {run_id}, partition {hardware_id}/{name}"
-            path = Path(client.download_artifacts(run_id, f"partitions/{hardware_id}/{name}.parquet", tmp))
-            if sha256(path) != digest:
+            artifact = f"partitions/{hardware_id}/{name}.parquet"
+            path, downloaded = _fetch(client, run_id, artifact, digest, cache, tmp)
+            if path is None:
                 fix = f"delete the run's tag {PARTITION}{hardware_id}/{name} and rerun that profile to publish it anew"
                 raise DataError("data", f"{where}: the file does not match the digest it was listed with ({fix})")
             rows = read_file(path)  # the schema, row by row
@@ -120,7 +139,8 @@ def gather(client, root: Path) -> Gathered:
                 raise DataError("data", f"{where}: rows of another machine or spec than its run lists")
             folder = gathered.root / spec / hardware_id
             folder.mkdir(parents=True, exist_ok=True)
-            shutil.move(path, folder / path.name)
+            shutil.copyfile(path, folder / f"{name}.parquet")
+            gathered.downloaded += downloaded
             gathered.runs = list(dict.fromkeys([*gathered.runs, run_id]))
             if spec == TELEMETRY:
                 gathered.telemetry += 1

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from chunkpilot.cache import user_cache_dir
 from chunkpilot.contract import Hardware
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -117,13 +118,6 @@ def measure_descriptors(dtype: str, threads: int) -> dict:
     finally:
         torch.set_num_threads(previous)
     return {"matmul_gflops": gflops, "bandwidth_gbs": bandwidth, "call_overhead_ms": overhead}
-
-
-def user_cache_dir() -> Path:
-    """The per-user cache: $CHUNKPILOT_CACHE_DIR, else $XDG_CACHE_HOME/chunkpilot, else ~/.cache/chunkpilot."""
-    if os.environ.get("CHUNKPILOT_CACHE_DIR"):
-        return Path(os.environ["CHUNKPILOT_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "chunkpilot"
 
 
 def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", announce: bool = False) -> dict:

@@ -170,8 +170,12 @@ def test_a_replicas_telemetry_is_published_for_training(server, tmp_path):
         body = {"outcomes": [outcome(chunk_size=256), outcome(chunk_size=512, chunk_ms=[20.0, 21.0])]}
         assert httpx.post(f"{url}/v1/feedback", json=body).json()["accepted"] == 2
         assert wait_until(lambda: published() == 1, seconds=30)
-    gathered = gather(client, tmp_path / "gathered")
-    assert gathered.telemetry == 1
+    gathered = gather(client, tmp_path / "gathered", tmp_path / "cache")
+    assert gathered.telemetry == 1 and gathered.downloaded == gathered.telemetry + gathered.profiled
+    again = gather(client, tmp_path / "again", tmp_path / "cache")  # what the cache holds is not downloaded again
+    assert again.downloaded == 0 and sorted(p.name for p in again.root.rglob("*.parquet")) == sorted(
+        p.name for p in gathered.root.rglob("*.parquet")
+    )
     fleet, local = (read_dataset(root).sort_values("chunk_size") for root in (gathered.root / "telemetry",
                                                                                tmp_path / "telemetry"))  # fmt: skip
     assert fleet.ttft_ms.tolist() == local.ttft_ms.tolist() and fleet.config_key.tolist() == local.config_key.tolist()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from chunkpilot import registry
+from chunkpilot.cache import user_cache_dir
 from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.fleet import Gathered, gather
@@ -218,7 +219,7 @@ def train_from_tracking(
     uri = tracking_uri()
     with tempfile.TemporaryDirectory(prefix="chunkpilot-fleet-") as tmp:
         with quiet_mlflow():
-            gathered = gather(MlflowClient(uri), Path(tmp) / "ttft")
+            gathered = gather(MlflowClient(uri), Path(tmp) / "ttft", user_cache_dir() / "partitions")
         source = f"{uri} ({len(gathered.runs)} publishing runs)"
         return gathered, train(gathered.root, experiment, params, search_minutes, source)
 
@@ -226,7 +227,8 @@ def train_from_tracking(
 def format_gathered(gathered: Gathered) -> str:
     return (
         f"gathered {gathered.profiled} configs and {gathered.telemetry} telemetry batches of "
-        f"{len(gathered.machines)} machines ({', '.join(gathered.machines)}) from {len(gathered.runs)} runs"
+        f"{len(gathered.machines)} machines ({', '.join(gathered.machines)}) from {len(gathered.runs)} runs "
+        f"({gathered.downloaded} files downloaded, the others from the cache)"
     )
 
 
