@@ -108,10 +108,11 @@ def _fetch(client, run_id: str, artifact: str, digest: str, cache: Path | None, 
     path = Path(client.download_artifacts(run_id, artifact, tmp))
     if sha256(path) != digest:
         return None, True
-    if cached is not None:  # whole or not at all: a copy beside it, then a rename
+    if cached is not None:  # whole or not at all: a copy beside it (this process's own), then a rename
         cache.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, cached.with_suffix(".tmp"))
-        os.replace(cached.with_suffix(".tmp"), cached)
+        partial = cache / f".{digest}-{os.getpid()}.tmp"
+        shutil.copyfile(path, partial)
+        os.replace(partial, cached)
     return path, True
 
 
