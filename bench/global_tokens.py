@@ -15,7 +15,7 @@ import numpy as np
 
 from chunkpilot.contract import AttentionConfig
 from engine.engine import Engine, EngineConfig, Prompt
-from engine.measure import interleaved
+from engine.measure import interleaved, median_ratio
 from engine.policy import RulePolicy
 
 COUNTS = (0, 8, 64)
@@ -43,13 +43,9 @@ def main() -> None:
 
         results = interleaved({g: functools.partial(run, g) for g in COUNTS}, args.rounds)
         times = {g: np.array([r.ttft_ms for r in rs]) for g, rs in results.items()}
-        base = times[0]
         cells = []
         for g in COUNTS:
-            draws = rng.integers(0, len(base), (2000, len(base)))
-            boot = np.median(times[g][draws], axis=1) / np.median(base[draws], axis=1)
-            low, high = np.quantile(boot, [0.025, 0.975])
-            ratio = np.median(times[g]) / np.median(base)
+            ratio, low, high = median_ratio(times[g], times[0], rng)
             cells.append(f"{np.median(times[g]):>9.0f} {ratio:.3f} [{low:.3f}, {high:.3f}]")
         kv = "/".join(f"{results[g][0].kv_cache_bytes / 2**20:.2f}" for g in COUNTS)
         print(f"{n:>7}{f'{window} {layout}':>12}{results[0][0].chunk_size:>6}" + "".join(f"{c:>30}" for c in cells)

@@ -19,7 +19,7 @@ import torch
 
 from chunkpilot.tracking import tracking_uri
 from engine.hf import auto_policy, prefill_chunk_size
-from engine.measure import interleaved
+from engine.measure import interleaved, median_ratio
 from engine.models import load_model
 from engine.policy import FixedPolicy, RulePolicy
 
@@ -63,11 +63,8 @@ def main() -> None:
         cells = []
         for name in ("fixed 1024", "rule", "auto"):
             mine = ms[chosen[name]]
-            draws = rng.integers(0, len(base), (2000, len(base)))
-            boot = np.median(mine[draws], axis=1) / np.median(base[draws], axis=1)
-            low, high = np.quantile(boot, [0.025, 0.975])
-            cells.append(f"{chosen[name]:>5} {np.median(mine):6.0f} {np.median(mine) / np.median(base):.3f} "
-                         f"[{low:.3f}, {high:.3f}]")  # fmt: skip
+            ratio, low, high = median_ratio(mine, base, rng)
+            cells.append(f"{chosen[name]:>5} {np.median(mine):6.0f} {ratio:.3f} [{low:.3f}, {high:.3f}]")
         print(f"{n:>7}{np.median(base):>8.0f}" + "".join(f"{c:>30}" for c in cells) + f"  {len(tokens) == 1}",
               flush=True)  # fmt: skip
     print("(cells: chosen size, ms, ratio to no chunking [interval]; 'same token': every size gave one first token)")

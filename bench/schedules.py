@@ -4,7 +4,9 @@ that best uniform size, the schedule the champion's per-chunk cost model predict
 --schedule` runs), and a small measured search of two-phase schedules around the best size (the
 first half of the prompt in one size, the rest in another: Sarathi-Serve's decreasing chunks and
 their opposites). Ratios are medians over rounds against the best uniform size, with bootstrap 95%
-intervals over the rounds. Needs a champion with a per-chunk model: run `chunkpilot train` first.
+intervals over the rounds; each distinct chunk plan is measured once a round, so a schedule equal to
+the best size shares its times (ratio 1 exactly, marked "=best"). Needs a champion with a per-chunk
+model: run `chunkpilot train` first.
 
     .venv/bin/python bench/schedules.py [--model llama-tiny] [--rounds 5]
 """
@@ -16,11 +18,11 @@ import functools
 
 import numpy as np
 
-from chunkpilot.contract import DEFAULT_CHUNKS, AttentionConfig, feasible_chunks
+from chunkpilot.contract import DEFAULT_CHUNKS, AttentionConfig, feasible_chunks, uniform
 from chunkpilot.tracking import tracking_uri
 from engine.engine import Engine, EngineConfig, Prompt
 from engine.hardware import local_hardware
-from engine.measure import interleaved
+from engine.measure import interleaved, median_ratio
 from engine.policy import ChunkPolicy, FixedPolicy, SchedulePolicy
 from engine.predictor_client import InProcessPolicy
 
@@ -43,14 +45,6 @@ def two_phase(n: int, best: int, limit: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def ratio(times: dict[str, list[float]], name: str, base: str, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Median TTFT of `name` over `base`'s, and a bootstrap 95% interval over the (paired) rounds."""
-    a, b = np.array(times[name]), np.array(times[base])
-    draws = rng.integers(0, len(a), (2000, len(a)))
-    boot = np.median(a[draws], axis=1) / np.median(b[draws], axis=1)
-    return float(np.median(a) / np.median(b)), *np.quantile(boot, [0.025, 0.975]).tolist()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
@@ -67,14 +61,16 @@ def main() -> None:
         text = engine.prompt_text(Prompt(num_tokens=n))
         sizes, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
         run = functools.partial(ttft, engine, text, n, attention)
-        uniform = interleaved({str(c): functools.partial(run, FixedPolicy(c)) for c in sizes}, 3)
-        best = min(sizes, key=lambda c: np.median(uniform[str(c)]))
+        scan = interleaved({c: functools.partial(run, FixedPolicy(c)) for c in sizes}, 3)
+        best = min(sizes, key=lambda c: np.median(scan[c]))
         predicted = auto.choose(engine.features(n, attention)).schedule
-        schedules = {"predicted": predicted, **two_phase(n, best, max(sizes))}
-        steps = {"best uniform": functools.partial(run, FixedPolicy(best))}
-        steps |= {name: functools.partial(run, SchedulePolicy(s)) for name, s in schedules.items()}
-        times = interleaved(steps, args.rounds)
-        searched = min((k for k in schedules if k != "predicted"), key=lambda k: np.median(times[k]), default=None)
+        searches = two_phase(n, best, max(sizes))
+        plans = {"best uniform": tuple(uniform(n, best)), "predicted": tuple(predicted), **searches}
+        # each distinct plan measured once a round; a name that picked the same plan gets the same times
+        measured = interleaved({p: functools.partial(run, SchedulePolicy(list(p))) for p in set(plans.values())},
+                               args.rounds)  # fmt: skip
+        times = {name: measured[plan] for name, plan in plans.items()}
+        searched = min(searches, key=lambda k: np.median(times[k]), default=None)
         rows.append((n, window, layout, best, predicted, searched, times))
         print(f"measured {n} tokens w{window} {layout}", flush=True)
 
@@ -83,12 +79,13 @@ def main() -> None:
           f"  {'best searched':<14}{'ratio':>22}")  # fmt: skip
     for n, window, layout, best, predicted, searched, times in rows:
         shown = ",".join(map(str, predicted[:6])) + (",..." if len(predicted) > 6 else "") + f" ({len(predicted)})"
-        p = ratio(times, "predicted", "best uniform", rng)
+        shown += " =best" if tuple(predicted) == tuple(uniform(n, best)) else ""  # one measurement: ratio 1 exactly
+        p = median_ratio(times["predicted"], times["best uniform"], rng)
         where = f"{window} {layout}" if window else "-"
         line = (f"{n:>7}{where:>12}{best:>6}{np.median(times['best uniform']):>9.0f}  {shown:<34}"
                 f"{p[0]:>8.3f} [{p[1]:.3f}, {p[2]:.3f}]")  # fmt: skip
         if searched:
-            s = ratio(times, searched, "best uniform", rng)
+            s = median_ratio(times[searched], times["best uniform"], rng)
             line += f"  {searched:<14}{s[0]:>8.3f} [{s[1]:.3f}, {s[2]:.3f}]"
         print(line)
     print("(a ratio below 1 whose interval stays below 1: the schedule beat the best single size here)")

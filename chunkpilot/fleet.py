@@ -142,10 +142,8 @@ def gather(client, root: Path, cache: Path | None = None) -> Gathered:
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, folder / f"{name}.parquet")
             gathered.downloaded += downloaded
-            gathered.runs = list(dict.fromkeys([*gathered.runs, run_id]))
-            if spec == TELEMETRY:
-                gathered.telemetry += 1
-            else:
-                gathered.profiled += 1
+    gathered.runs = list(dict.fromkeys(run.info.run_id for run, _ in latest.values()))
+    gathered.telemetry = sum(run.data.tags.get(SPEC) == TELEMETRY for run, _ in latest.values())
+    gathered.profiled = len(latest) - gathered.telemetry
     gathered.machines = sorted({hardware_id for hardware_id, _ in latest})
     return gathered

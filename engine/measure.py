@@ -1,12 +1,15 @@
 """The one measuring harness (engine, profiler, evaluator, benches): warm-up passes, then passes in
 which every candidate runs once, the order rotated each pass so that drift and cache state hit
-every candidate alike; and the spread of what was measured."""
+every candidate alike; the spread of what was measured, and the ratio of two candidates with its
+interval."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Hashable, Mapping
 from typing import TypeVar
+
+import numpy as np
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -32,3 +35,13 @@ def spread(values: list[float]) -> tuple[float, float]:
         return 0.0, 0.0
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q3 - q1, statistics.pstdev(values) / statistics.fmean(values)
+
+
+def median_ratio(a: list[float], b: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
+    """median(a) / median(b) over paired passes, and its bootstrap 95% interval (passes resampled
+    together, so drift between passes cancels)."""
+    a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    draws = rng.integers(0, len(a_), (2000, len(a_)))
+    boot = np.median(a_[draws], axis=1) / np.median(b_[draws], axis=1)
+    low, high = np.quantile(boot, [0.025, 0.975])
+    return float(np.median(a_) / np.median(b_)), float(low), float(high)

@@ -43,14 +43,12 @@ def best_schedule(booster, config: np.ndarray, n: int, sizes: list[int], limit: 
         return None
     steps, grid = found
     longest = max(steps, default=n)
-    edges = [
-        (h, q)
-        for h in range(0, n, grid)
-        for q in [
-            *(s for s in steps if h + s < n),
-            *([n - h] if n - h <= limit and (n - h <= longest or h == 0) else []),
-        ]
-    ]
+
+    def chunks_from(h: int) -> list[int]:  # a step, or the rest: cut short, or the whole prompt at once
+        rest = n - h
+        return [s for s in steps if s < rest] + ([rest] if rest <= limit and (rest <= longest or h == 0) else [])
+
+    edges = [(h, q) for h in range(0, n, grid) for q in chunks_from(h)]
     h, q = (np.array(v, dtype=float) for v in zip(*edges, strict=True))
     ms = predict_chunk_ms(booster, np.repeat(config[None], len(edges), axis=0), q, h)
     best: dict[int, tuple[float, int]] = {0: (0.0, 0)}  # boundary -> (cost so far, the chunk that reached it)

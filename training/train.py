@@ -224,7 +224,18 @@ def train_from_tracking(
         return gathered, train(gathered.root, experiment, params, search_minutes, source)
 
 
-def format_gathered(gathered: Gathered) -> str:
+def train_and_report(
+    data: Path | None, experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0
+) -> str:
+    """What `chunkpilot train` and `retrain` print: trained on the folder `data`, or (None) on what
+    the fleet published to the tracking server."""
+    if data is None:
+        gathered, result = train_from_tracking(experiment, params, search_minutes)
+        return f"{_format_gathered(gathered)}\n{format_result(result)}"
+    return format_result(train(data, experiment, params, search_minutes))
+
+
+def _format_gathered(gathered: Gathered) -> str:
     return (
         f"gathered {gathered.profiled} configs and {gathered.telemetry} telemetry batches of "
         f"{len(gathered.machines)} machines ({', '.join(gathered.machines)}) from {len(gathered.runs)} runs "

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from chunkpilot.dataset import read_dataset
     from profiler.run import log_run, open_run, run_profile
     from profiler.spec import Spec
-    from training.train import format_result, train
+    from training.train import train_and_report
 
     minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)
     max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=50)
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     log_run(publisher, spec, report, read_dataset(report.directory), minutes)
 
     _step(2, f"training on every profiled row under {args.data} and registering through the promotion gate", start)
-    print(format_result(train(args.data)), flush=True)
+    print(train_and_report(args.data), flush=True)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -33,17 +33,12 @@ def run(args: argparse.Namespace) -> int:
 
     from chunkpilot import registry
     from chunkpilot.tracking import quiet_mlflow, tracking_uri
-    from training.train import format_gathered, format_result, train, train_from_tracking
+    from training.train import train_and_report
 
     while True:
         started = time.monotonic()
         try:
-            if args.from_tracking:
-                gathered, result = train_from_tracking(args.experiment)
-                print(format_gathered(gathered), flush=True)
-            else:
-                result = train(args.data, args.experiment)
-            print(format_result(result), flush=True)
+            print(train_and_report(None if args.from_tracking else args.data, args.experiment), flush=True)
         except Exception as exc:  # the champion keeps serving; say why where the service shows it
             reason = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             print(f"chunkpilot retrain: {reason}", flush=True)

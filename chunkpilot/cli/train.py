@@ -37,12 +37,8 @@ def run(args: argparse.Namespace) -> int:
         0.0 if args.search_minutes is None else number("search_minutes", args.search_minutes, float, gt=0, le=24 * 60)
     )
 
-    from training.train import format_gathered, format_result, train, train_from_tracking
+    from training.train import train_and_report
 
-    if args.from_tracking:
-        gathered, result = train_from_tracking(args.experiment, params, search_minutes)
-        print(format_gathered(gathered))
-    else:
-        result = train(args.data, args.experiment, params, search_minutes)
-    print(format_result(result))
+    data = None if args.from_tracking else args.data
+    print(train_and_report(data, args.experiment, params, search_minutes))
     return 0
