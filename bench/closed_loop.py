@@ -1,8 +1,10 @@
 """Does the loop learn? A champion trained without this machine's rows serves a mixed workload
-through the engine's `auto` (telemetry on, bounded exploration), `chunkpilot retrain`'s training
-runs between rounds, and after each round the champion is scored on a fixed probe set of this
-machine against the hand rule, fixed 1024 and a reference model trained with this machine's full
-shipped profile.
+through the engine's `auto` (telemetry on, bounded exploration): the service's correction learns
+this machine from each prefill at once, and `chunkpilot retrain`'s training runs between rounds.
+After each round the served recipe (the champion with the correction learnt from the telemetry so
+far, as the service loads it) is scored on a fixed probe set of this machine against the hand
+rule, fixed 1024 and a reference model trained with this machine's full shipped profile (the same
+as the champion where the shipped data has no rows of this machine).
 
 The probe set is measured once, before the rounds, the evaluator's way: every feasible chunk size
 of every probe prompt, interleaved and rotated over `--probe-rounds` rounds after a warm-up; a
@@ -47,7 +49,7 @@ from engine.measure import interleaved
 from engine.policy import FixedPolicy
 from engine.predictor_client import AutoPolicy
 from engine.telemetry import Reporter, to_service
-from predictor.model import load_predictor
+from predictor.model import load_predictor, past_outcomes
 from training.train import train
 
 SHIPPED = Path("data/ttft/cpu-shipped")
@@ -128,16 +130,19 @@ def regret(
     return mean_regret(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
 
-def model_choices(uri: str, hardware, threads: int) -> dict[int, int]:
-    """The registered champion's pick for each probe, asked as the engine asks."""
+def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = None) -> tuple[dict[int, int], int]:
+    """(the served recipe's choice for each probe, asked as the engine asks; the prefills its
+    correction learnt from): the champion, corrected by the outcomes in `telemetry` as the service
+    loads it."""
     predictor = load_predictor(uri, MODEL_NAME, CHAMPION)
+    learnt = predictor.learn(past_outcomes(telemetry)) if telemetry is not None else 0
     choices = {}
     for i, (model, n, window, layout) in enumerate(PROBES):
         shape = PRESETS.get(model) or ModelShape.from_file(Path(model))
         attention = {"window": window, "layout": layout}
         request = ChunkRequest(context_length=n, model=shape, attention=attention, threads=threads, hardware=hardware)
         choices[i] = predictor.decide(request).chunk_size
-    return choices
+    return choices, learnt
 
 
 def workload(engines: dict[str, Engine], policy: AutoPolicy, count: int, rng: random.Random) -> float:
@@ -178,9 +183,11 @@ def main() -> None:
     (work / "reference").mkdir()
     print("training the champion (v1) and the reference", flush=True)
     train_into(work / "store", data)
-    train_into(work / "reference", SHIPPED.resolve())
     store_uri = f"sqlite:///{work / 'store' / 'mlflow.db'}"
-    reference_uri = f"sqlite:///{work / 'reference' / 'mlflow.db'}"
+    reference_uri = store_uri  # this machine has no shipped rows: the reference is the champion
+    if (SHIPPED / machine).is_dir():
+        train_into(work / "reference", SHIPPED.resolve())
+        reference_uri = f"sqlite:///{work / 'reference' / 'mlflow.db'}"
 
     engines = {m: Engine(EngineConfig(model=m)) for m in MODELS}
     threads = engines[MODELS[0]].runtime.threads
@@ -188,7 +195,7 @@ def main() -> None:
     times = probe_times(engines, args.probe_rounds, machine, args.probe_times)
     fixed = {i: fit_chunk(1024, n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
     rule = {i: fit_chunk(hand_rule(n), n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
-    reference = regret(times, model_choices(reference_uri, hardware, threads))
+    reference = regret(times, model_choices(reference_uri, hardware, threads)[0])
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -200,11 +207,8 @@ def main() -> None:
         wait_ready(url, service)
         for k in range(args.rounds + 1):
             champion = httpx.get(f"{url}/readyz").json()["version"]
-            row = {
-                "round": k,
-                "version": champion,
-                "champion": regret(times, model_choices(store_uri, hardware, threads)),
-            }
+            choices, learnt = model_choices(store_uri, hardware, threads, data / "telemetry")
+            row = {"round": k, "version": champion, "champion": regret(times, choices), "learnt": learnt}
             if k == args.rounds:
                 rows.append(row)
                 break
@@ -232,16 +236,17 @@ def main() -> None:
     print(f"fixed 1024        {regret(times, fixed)[0]:>7.1%}")
     print(f"reference         {reference[0]:>7.1%} [{reference[1]:.1%}, {reference[2]:.1%}]  (trained with this "
           "machine's full shipped profile)")  # fmt: skip
-    print(f"\n{'round':<6}{'champion':>9}{'regret':>8}{'interval':>18}{'prefills':>9}{'accepted':>9}{'dropped':>8}"
-          f"{'rejected':>9}{'explored':>9}{'explore share':>14}")  # fmt: skip
+    print(f"\n{'round':<6}{'champion':>9}{'learnt':>8}{'regret':>8}{'interval':>18}{'prefills':>9}{'accepted':>9}"
+          f"{'dropped':>8}{'rejected':>9}{'explored':>9}{'explore share':>14}")  # fmt: skip
     for r in rows:
         mean, low, high = r["champion"]
-        line = f"{r['round']:<6}{'v' + r['version']:>9}{mean:>8.1%}{f'[{low:.1%}, {high:.1%}]':>18}"
+        line = f"{r['round']:<6}{'v' + r['version']:>9}{r['learnt']:>8}{mean:>8.1%}{f'[{low:.1%}, {high:.1%}]':>18}"
         if "sent" in r:
             line += (f"{args.prefills:>9}{r['accepted']:>9.0f}{r['dropped']:>8}{r['rejected']:>9.0f}"
                      f"{r['explored']:>9.0f}{r['share']:>14.2%}")  # fmt: skip
         print(line)
-    print(f"(round r: the champion after r retrains, scored before round r's workload; "
+    print(f"(round r: the champion after r retrains with its correction learnt from the `learnt` prefills of the "
+          "telemetry so far, scored before round r's workload; "
           f"{(time.monotonic() - start) / 60:.1f} min in all)")  # fmt: skip
     if args.plot:
         import matplotlib
@@ -253,7 +258,7 @@ def main() -> None:
         ks = [r["round"] for r in rows]
         ax.errorbar(ks, [r["champion"][0] for r in rows], yerr=np.array(
             [[r["champion"][0] - r["champion"][1], r["champion"][2] - r["champion"][0]] for r in rows]).T,
-            marker="o", label="champion", capsize=3)  # fmt: skip
+            marker="o", label="served recipe (champion + this machine's correction)", capsize=3)  # fmt: skip
         lines = (("hand rule", regret(times, rule)[0], "C1"), ("fixed 1024", regret(times, fixed)[0], "C2"),
                  ("reference (full local profile)", reference[0], "C3"))  # fmt: skip
         for label, value, color in lines:

@@ -14,9 +14,11 @@ import argparse
 import copy
 from pathlib import Path
 
+from chunkpilot.recipe import RECIPES
+from training.baselines import FixedChunk, HandRule, RankLevel
 from training.data import load_table
 from training.metrics import records, summarize_regret
-from training.policies import DEFAULT_PARAMS, FixedChunk, HandRule, TTFTRegressor, variants
+from training.served import served_fit
 
 
 def main() -> None:
@@ -37,17 +39,18 @@ def main() -> None:
         f"new machine {machine} ({new.device_name.iloc[0]}): {len(new)} configs; a {args.minutes:g}-minute profile "
         f"measures {len(profiled)}, the other {len(judged)} are judged; {len(old)} configs of other machines"
     )
-    policies = [FixedChunk(1024), HandRule(), TTFTRegressor(), *variants(DEFAULT_PARAMS, table.subset(old).rows)]
     test = table.subset(judged)
-    print(f"\n{'policy':<18}{'':>8}{'mean':>8}{'p95':>8}{'within5%':>10}{'MAPE':>8}")
-    for policy in policies:
-        for label, train in (("before", old), ("after", [*old, *profiled])):
-            fitted = copy.copy(policy)
-            fitted.fit(table.subset(train))
-            m = summarize_regret(records(test, fitted.choose(test)))
+    print(f"\n{'policy':<22}{'':>8}{'mean':>8}{'p95':>8}{'within5%':>10}{'MAPE':>8}")
+    for label, train in (("before", old), ("after", [*old, *profiled])):
+        fitted = served_fit(list(RECIPES), {})(table.subset(train))  # the recipes as they serve
+        for policy in (FixedChunk(1024), HandRule(), RankLevel()):
+            fitted[policy.name] = copy.copy(policy)
+            fitted[policy.name].fit(table.subset(train))
+        for name, policy in fitted.items():
+            m = summarize_regret(records(test, policy.choose(test)))
             mape = f"{m['mape']:>8.1%}" if m["mape"] == m["mape"] else f"{'':>8}"
             print(
-                f"{policy.name:<18}{label:>8}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['within_5pct']:>10.0%}{mape}",
+                f"{name:<22}{label:>8}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['within_5pct']:>10.0%}{mape}",
                 flush=True,
             )
 

@@ -58,7 +58,7 @@ def in_process(n: int) -> None:
         predictor.decide(r)
         times.append((time.perf_counter() - t0) * 1e3)
     print(f"in-process, model every time             {percentiles(times)}")
-    if predictor.chunk_cost is not None:  # the same requests asking for a schedule too (500 to 15,263 tokens)
+    if predictor.info["schedules"]:  # the same requests asking for a schedule too (500 to 15,263 tokens)
         scheduled, times = [r.model_copy(update={"schedule": True}) for r in requests], []
         for r in scheduled:
             t0 = time.perf_counter()

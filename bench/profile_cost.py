@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkpilot.recipe import DEFAULT
 from profiler.plan import space_filling_order
 from profiler.spec import Spec
+from training.baselines import BestFixed, FixedChunk, HandRule
 from training.data import Table, load_table
 from training.metrics import records, summarize_regret
-from training.policies import BestFixed, FixedChunk, HandRule, TTFTRegressor
+from training.served import served_fit
 
 
 def held_out(key: str) -> bool:
@@ -76,7 +78,8 @@ def main() -> None:
             print(f"{budget:>6.0f} min: fewer than 2 configs fit, skipped")
             continue
         train = table.subset(table.rows.group[table.rows.config_key.isin(keys)].unique())
-        model, fixed = evaluate(TTFTRegressor(), train, test), evaluate(BestFixed(), train, test)
+        served = served_fit([DEFAULT], {})(train)[DEFAULT]  # the served recipe, as it serves
+        model, fixed = evaluate(served, None, test), evaluate(BestFixed(), train, test)
         results.append(
             {
                 "minutes": budget,

@@ -1,6 +1,6 @@
 """The per-chunk cost model's features: (config row, query tokens q, history h) -> one row per
-chunk. Its serving contract, like features.py for the TTFT model: training fits on it and the
-service predicts schedules with it (predictor/schedule.py)."""
+chunk. Its serving contract, like features.py for whole plans: the per-chunk cost model
+(chunkpilot/cost_models.py) fits and predicts on it, in training and in the service alike."""
 
 from __future__ import annotations
 
@@ -55,9 +55,3 @@ def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarr
     keys = np.where(local > 0, keys_local, keys_global)
     chunk = [q, h, keys, (linear + attention) / 1e9, heads * q * keys * 4 / 2**20, compute_ms, base]
     return np.column_stack([config[:, list(COLUMNS.values())], *chunk])
-
-
-def predict_chunk_ms(booster, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """[chunks] predicted ms of each chunk; `booster` learnt log ms over the analytic base."""
-    x = chunk_features(config, q, h)
-    return np.exp(booster.predict(x, num_threads=1) + x[:, -1])

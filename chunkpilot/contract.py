@@ -389,6 +389,15 @@ def fit_chunk(chunk: int, context_length: int, window: int | None, layout: str) 
     return min(chunk, max_chunk(context_length, window, layout))
 
 
+def rule_candidate(sizes: list[int], context_length: int, window: int | None, layout: str) -> int:
+    """The candidate the hand rule lands on: its size cut to what the config allows, else the largest
+    candidate below that, else the smallest. The one place the rule meets a list of candidates:
+    training scores it, and the recipe's do-no-harm and the service's answer use it."""
+    rule = fit_chunk(hand_rule(context_length), context_length, window, layout)
+    below = [size for size in sizes if size <= rule]
+    return max(below) if below else min(sizes)
+
+
 def feasible_chunks(
     sizes: tuple[int | str, ...], context_length: int, window: int | None, layout: str
 ) -> tuple[list[int], list[str]]:

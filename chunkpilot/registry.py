@@ -17,9 +17,7 @@ from .tracking import quiet_mlflow
 
 MODEL_NAME = "chunk-size-predictor"
 CHAMPION, CHALLENGER = "champion", "challenger"
-LEGACY = {"rule_margin": 0.0, "rank_with_ranker": False}  # what a recipe logged before these keys existed did
-RANKER = "ranker.lgb"  # beside the model: its order within a config combined with the model's levels
-CHUNK_COST = "chunk_cost.lgb"  # beside the model, when the data has per-chunk times: what schedules are chosen by
+RECIPE = "recipe"  # run param: the registered recipe's name and params (chunkpilot.recipe.Recipe.params)
 HARDWARE = "hardware.json"  # the machines of the training data, by hardware_id
 LAST_RETRAIN = "last_retrain"  # registered-model tag: what the latest training did, or why it failed
 WAITS = "waits_for_telemetry"  # version tag of a challenger that `settle` may promote
@@ -62,21 +60,20 @@ def judge(
 def gate(
     client,
     new: dict[str, float],
-    params: dict,
+    recipe: dict,
     rows: tuple[int, int],
     remeasure: Callable[[dict], dict[str, float]],
     features: str,
-    schedules: bool = False,
 ) -> Verdict:
-    """The promotion gate for a freshly trained model; `rows` is (profiled rows, telemetry prefills)
-    of its data. Another recipe is scored against the champion's recipe re-measured on this run's slices
-    by `remeasure` (mean regret per slice and `all`). The champion's own recipe (training is
-    deterministic) retrained on more profiled rows is promoted: profiles are measured the careful
-    way and it has seen more of the machines it serves. Retrained on more telemetry, single and
-    noisy prefills, it becomes the challenger: `settle` promotes it once it has beaten the champion
-    on this machine's prefills that came after it. On the same rows, it is promoted if it brings the
-    per-chunk cost model (`schedules`) that the champion lacks: the same choices, and schedules. A
-    champion trained on other `features` (an older ChunkPilot) cannot serve and is replaced."""
+    """The promotion gate for a freshly trained model; `recipe` its name and params (the RECIPE run
+    param), `rows` (profiled rows, telemetry prefills) of its data. Another recipe is scored against
+    the champion's recipe re-measured on this run's slices by `remeasure` (mean regret per slice and
+    `all`). The champion's own recipe (training is deterministic) retrained on more profiled rows is
+    promoted: profiles are measured the careful way and it has seen more of the machines it serves.
+    Retrained on more telemetry, single and noisy prefills, it becomes the challenger: `settle`
+    promotes it once it has beaten the champion on this machine's prefills that came after it. A
+    champion trained on other `features`, or registered before recipes (an older ChunkPilot), cannot
+    serve and is replaced."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -84,11 +81,11 @@ def gate(
     except MlflowException:
         return judge(new["all"], None)
     run = client.get_run(version.run_id).data.params
-    if run.get("features") != features:
-        return Verdict(CHAMPION, f"champion v{version.version} was trained on other features (an older ChunkPilot) "
-                       "and cannot serve this one's requests", version.version, None)  # fmt: skip
-    recipe = {**LEGACY, **json.loads(run.get("lgbm_params", "{}"))}
-    if recipe == params:
+    if run.get("features") != features or RECIPE not in run:
+        return Verdict(CHAMPION, f"champion v{version.version} was trained by an older ChunkPilot (other features "
+                       "or no recipe) and cannot serve this one's requests", version.version, None)  # fmt: skip
+    theirs = json.loads(run[RECIPE])
+    if theirs == recipe:
         more = rows[0] - int(run.get("profiled_rows", run.get("rows", 0)))
         telemetry = rows[1] - int(run.get("telemetry_prefills", 0))
         if telemetry > 0:
@@ -99,10 +96,7 @@ def gate(
             return Verdict(CHAMPION, f"champion v{version.version}'s recipe retrained on {more} more profiled rows "
                            f"(held-out mean regret {new['all']:.4f} on these slices either way)",
                            version.version, new["all"])  # fmt: skip
-        if schedules and run.get("chunk_cost") != "true":
-            return Verdict(CHAMPION, f"champion v{version.version}'s recipe on the same rows, with a per-chunk cost "
-                           "model for schedules that the champion lacks", version.version, new["all"])  # fmt: skip
-    old = new if recipe == params else remeasure(recipe)
+    old = new if theirs == recipe else remeasure(theirs)
     telemetry = (new["telemetry"], old["telemetry"]) if "telemetry" in new else None
     return judge(new["all"], (version.version, old["all"]), telemetry)
 
@@ -185,18 +179,15 @@ class Stored:
 
     version: str
     run_id: str
-    model_file: Path  # LightGBM's text format, never a pickle
-    ranker_file: Path | None
-    chunk_cost_file: Path | None
+    recipe_dir: Path  # chunkpilot.recipe.load_recipe reads it: LightGBM's text format, never a pickle
     hardware: dict
-    recipe: dict
     rows: int
     metrics: dict[str, float]
     waits: bool  # a challenger that learnt from telemetry, waiting for `settle`
 
 
 def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, version: str | None = None) -> Stored:
-    """`name@alias` (or `version`) downloaded from the store."""
+    """`name@alias` (or `version`) downloaded from the store; ValueError when it is not a recipe."""
     import mlflow
     from mlflow import MlflowClient
 
@@ -206,27 +197,19 @@ def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, vers
         version = client.get_model_version(name, version) if version else client.get_model_version_by_alias(name, alias)
         mlflow.set_tracking_uri(tracking_uri)
         local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}"))
-        model_files = list(local.glob("*.lgb"))
-        if len(model_files) != 1:
-            raise ValueError(f"{name} v{version.version} holds no LightGBM text model (*.lgb)")
-
-        def artifact(path: str) -> Path:
-            return Path(
-                mlflow.artifacts.download_artifacts(
-                    run_id=version.run_id, artifact_path=path, tracking_uri=tracking_uri
-                )
-            )
-
+        found = sorted(local.glob(f"**/{RECIPE}/recipe.json"))
+        if not found:
+            raise ValueError(f"{name} v{version.version} holds no recipe: registered by an older ChunkPilot, "
+                             "retrain it (chunkpilot train)")  # fmt: skip
+        hardware = mlflow.artifacts.download_artifacts(
+            run_id=version.run_id, artifact_path=HARDWARE, tracking_uri=tracking_uri
+        )
         run = client.get_run(version.run_id)
-        recipe = {**LEGACY, **json.loads(run.data.params.get("lgbm_params", "{}"))}
         return Stored(
             version=str(version.version),
             run_id=version.run_id,
-            model_file=model_files[0],
-            ranker_file=artifact(RANKER) if recipe["rank_with_ranker"] else None,
-            chunk_cost_file=artifact(CHUNK_COST) if run.data.params.get("chunk_cost") == "true" else None,
-            hardware=json.loads(artifact(HARDWARE).read_text()),
-            recipe=recipe,
+            recipe_dir=found[0].parent,
+            hardware=json.loads(Path(hardware).read_text()),
             rows=int(run.data.params.get("rows", 0)),
             metrics={k: v for k, v in run.data.metrics.items() if not math.isnan(v)},
             waits=version.tags.get(WAITS) == "true",

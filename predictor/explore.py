@@ -1,11 +1,13 @@
-"""Bounded exploration: a learner that only sees its own argmin never learns it was wrong. The
-service may answer another candidate instead: the waiting challenger's pick where it differs (so
-that the gate can compare the two models on measured prefills, registry.settle), else the best other
-candidate when the model cannot tell the two apart (the predicted gap is within the model's own
-held-out error); either only while the extra TTFT exploring has cost so far, by the model's own
-predictions, stays within `budget` of the TTFT it has served, and never twice running for the same
-request, so that the pick itself is measured too (where the model can't tell, the predicted cost of
-exploring is near zero and the budget alone would let every answer explore)."""
+"""Bounded exploration: a learner that only sees its own choice never learns it was wrong. The
+service may answer another candidate instead: the waiting challenger's choice where it differs (so
+that the gate can compare the two models on measured prefills, registry.settle), else the candidate
+whose measurement is expected to gain the most (Answer.gains: the expected improvement over the
+choice under the members' spread, so a candidate predicted slightly slower but very uncertain is
+worth more than a runner-up the ensemble agrees on). Either only while the extra TTFT exploring has
+cost so far, by the model's own predictions, stays within `budget` of the TTFT it has served: the
+bound is spent <= budget x served (predicted; the measured extra is reported by the closed-loop bench),
+and never twice running for the same kind of request, so that the choice itself is measured too.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .model import Answer
+
+MIN_GAIN = 0.002  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
 
 
 @dataclass
@@ -31,23 +35,21 @@ class Explorer:
     def spent_share(self) -> float:
         return self.spent_ms / self.served_ms if self.served_ms else 0.0
 
-    def answer(self, best: Answer, uncertainty: float, shadow: int | None = None, key: str = "") -> Answer:
-        """`best`, or another candidate of its top marked explored; `uncertainty` is the model's relative
-        error on held-out configs (its MAPE), `shadow` the waiting challenger's pick, `key` the request."""
-        others = [c for c in best.top if c.chunk_size != best.chunk_size]  # sorted by predicted TTFT
-        other = next((c for c in others if c.chunk_size == shadow), None)
-        unsure_only = other is None  # no challenger disagrees: explore only where the model can't tell
-        other = other or (others[0] if others else None)
+    def answer(self, best: Answer, shadow: int | None = None, key: str = "") -> Answer:
+        """`best`, or another candidate marked explored; `shadow` is the waiting challenger's choice,
+        `key` the kind of request."""
+        gains = {c.chunk_size: (c, gain) for c, gain in best.gains}
+        other, gain = gains.get(shadow) or max(gains.values(), key=lambda cg: cg[1], default=(None, 0.0))
         with self._lock:
             self.served_ms += best.predicted_ttft_ms
-            if key in self._last:  # explored last time: this time the pick itself is measured
+            if key in self._last:  # explored last time: this time the choice itself is measured
                 del self._last[key]
                 return best
             if self.budget <= 0 or other is None:
                 return best
+            if other.chunk_size != shadow and gain < MIN_GAIN * best.predicted_ttft_ms:
+                return best  # the ensemble agrees the choice is best: nothing to learn worth a prefill
             extra = max(other.predicted_ttft_ms - best.predicted_ttft_ms, 0.0)
-            if unsure_only and extra > uncertainty * best.predicted_ttft_ms:
-                return best
             if self.spent_ms + extra > self.budget * self.served_ms:
                 return best
             self.spent_ms += extra

@@ -1,19 +1,33 @@
-"""The served model: the champion's LightGBM Booster, the hardware it was trained on, and the
-decision for one request (feature rows for every feasible candidate -> predicted TTFT -> argmin).
-No torch, no transformers, no pandas: this runs in the service's hot path."""
+"""The served recipe: the champion's cost model and chooser (chunkpilot.recipe, loaded by the same
+function as training's cross-validation), the hardware it was trained on, and the decision for one
+request (a feature row per feasible candidate -> predicted TTFT with its spread -> the chooser).
+This machine's correction learns from each accepted outcome (chunkpilot.correction) without a
+retrain. No torch, no transformers, no pandas in the hot path.
+"""
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
-import lightgbm as lgb
+import numpy as np
 
 from chunkpilot import registry
-from chunkpilot.choice import pick
-from chunkpilot.contract import DEFAULT_CHUNKS, ChunkRequest, Hardware, feasible_chunks, fit_chunk, hand_rule, max_chunk
-from chunkpilot.features import FEATURES, base_log_ms, build
+from chunkpilot.contract import (
+    DEFAULT_CHUNKS,
+    ChunkRequest,
+    Hardware,
+    Outcome,
+    feasible_chunks,
+    max_chunk,
+    rule_candidate,
+)
+from chunkpilot.correction import Correction
+from chunkpilot.cost_models import PerChunk
+from chunkpilot.features import build
+from chunkpilot.recipe import Recipe, load_recipe
 
 from .schedule import best_schedule
 from .schemas import Candidate
@@ -32,15 +46,26 @@ class Infeasible(ValueError):
 
 @dataclass(frozen=True)
 class Answer:
-    """The service's answer to one request; the engine turns it into its own `Decision`."""
+    """The service's answer to one request; the engine reads it as the response model."""
 
     chunk_size: int
     predicted_ttft_ms: float
     top: list[Candidate]
     rule: Candidate
     model_version: str
-    explored: bool = False  # a candidate other than the model's pick, on purpose (predictor/explore.py)
-    schedule: list[int] | None = None  # chunk sizes in order, when asked and a per-chunk model is served
+    explored: bool = False  # a candidate other than the recipe's choice, on purpose (predictor/explore.py)
+    schedule: list[int] | None = None  # chunk sizes in order, when asked and the cost model is per chunk
+    deferred: bool = False  # do-no-harm kept the rule's size: the predicted saving was within the spread
+    gains: tuple[tuple[Candidate, float], ...] = ()  # each other candidate and its expected gain in ms
+
+
+def expected_gain(gap: float, sd: float) -> float:
+    """E[max(0, -D)] for D ~ N(gap, sd): what measuring a candidate predicted `gap` log ms slower
+    than the choice is expected to save, in log ms (the expected improvement of Bayesian optimisation)."""
+    if sd <= 0:
+        return max(0.0, -gap)
+    z = gap / sd
+    return sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) - gap * 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:
@@ -69,18 +94,14 @@ def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) 
 @dataclass
 class Predictor:
     version: str
-    booster: lgb.Booster
+    recipe: Recipe
     hardware: dict  # hardware_id -> {"static": {...}, "descriptors": {"dtype/threads": {...}}}
     info: dict = field(default_factory=dict)  # shown by GET /v1/model
-    ranker: lgb.Booster | None = None  # its order within the config combined with the levels
-    rule_margin: float = 0.0  # the rule's size unless the pick is predicted to save more (training's recipe)
     waits: bool = False  # a challenger waiting to be judged on prefills it has not seen (registry.settle)
-    chunk_cost: lgb.Booster | None = None  # the per-chunk cost model: schedules, when asked
 
-    @property
-    def uncertainty(self) -> float:
-        """The model's relative TTFT error on held-out configs (its MAPE; 10% when not logged)."""
-        return self.info.get("held_out", {}).get("mape", 0.1)
+    def __post_init__(self) -> None:
+        if isinstance(self.recipe.cost, PerChunk) and self.recipe.correction is None:
+            self.recipe.correction = Correction()
 
     def candidates(self, request: ChunkRequest) -> list[int]:
         n, att = request.context_length, request.attention
@@ -93,36 +114,54 @@ class Predictor:
             raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}", "no_feasible_candidate")
         return chosen
 
+    def features(self, request: ChunkRequest, chunks: list[int]) -> np.ndarray:
+        """[chunks, FEATURES]: the request on its machine (resolve_hardware), one row per size."""
+        hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
+        return build({**request.row(hw), "chunk_size": chunks})
+
     def decide(self, request: ChunkRequest) -> Answer:
         n, att = request.context_length, request.attention
         chunks = self.candidates(request)
-        rule = fit_chunk(hand_rule(n), n, att.window, att.layout)
-        sizes = chunks + ([rule] if rule not in chunks else [])
-        hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
-        x = build({**request.row(hw), "chunk_size": sizes})  # one config, one row per candidate
-        # one thread: a dozen rows gain nothing from OpenMP, whose spinning stalls on a busy machine
-        log_ms = (self.booster.predict(x, num_threads=1) + base_log_ms(x)).tolist()
-        ms = [math.exp(v) for v in log_ms]
+        rule = chunks.index(rule_candidate(chunks, n, att.window, att.layout))
+        x = self.features(request, chunks)
+        choice = self.recipe.decide(x, rule)
+        ms = np.exp(choice.log_ms).tolist()
         if not all(map(math.isfinite, ms)):
             raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
+        best = choice.index
         order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
-        score = None if self.ranker is None else self.ranker.predict(x[: len(chunks)], num_threads=1).tolist()
-        best, _ = pick(log_ms[: len(chunks)], score, chunks.index(rule) if rule in chunks else None, self.rule_margin)
-        rule_ms = ms[sizes.index(rule)]
+        candidate = [Candidate(chunk_size=c, predicted_ttft_ms=m) for c, m in zip(chunks, ms, strict=True)]
+        gaps = (choice.log_ms - choice.log_ms[best]).tolist()
+        gains = tuple(
+            (candidate[i], expected_gain(gaps[i], float(choice.gain_sd[i])) * ms[best]) for i in order if i != best
+        )
         schedule = None
-        if request.schedule and self.chunk_cost is not None:
+        if request.schedule and isinstance(self.recipe.cost, PerChunk):
             limit = max_chunk(n, att.window, att.layout)
-            ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the pick first
-            planned = best_schedule(self.chunk_cost, x[0], n, ranked, limit)
+            ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
+            planned = best_schedule(self.recipe.chunk_ms, x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]
         return Answer(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
-            top=[Candidate(chunk_size=chunks[i], predicted_ttft_ms=ms[i]) for i in order[:TOP]],
-            rule=Candidate(chunk_size=rule, predicted_ttft_ms=rule_ms),
+            top=[candidate[i] for i in order[:TOP]],
+            rule=candidate[rule],
             model_version=self.version,
             schedule=schedule,
+            deferred=choice.deferred,
+            gains=gains,
         )
+
+    def learn(self, outcomes: list[Outcome]) -> int:
+        """This machine's correction updated with each outcome's chunk times; returns how many taught it."""
+        correction = self.recipe.correction
+        if correction is None:
+            return 0
+        for o in outcomes:
+            x = self.features(o.request, [o.chunk_size])
+            correction.learn(*self.recipe.residuals(x, o.chunk_ms))
+        self.info["learnt_from_prefills"] = correction.prefills
+        return len(outcomes)
 
 
 class AnswerCache:
@@ -155,27 +194,39 @@ def smoke_request(hardware: dict) -> ChunkRequest:
 
 
 def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
-    """The registered model behind `name@alias` as Boosters plus its hardware table, checked on a
-    smoke request before it may serve."""
+    """The registered recipe behind `name@alias` plus its hardware table, checked on a smoke request
+    before it may serve."""
     stored = registry.fetch(tracking_uri, name, alias)
-    ranker = None if stored.ranker_file is None else lgb.Booster(model_file=str(stored.ranker_file))
-    rule_margin = float(stored.recipe["rule_margin"])
+    try:
+        recipe = load_recipe(stored.recipe_dir)
+    except ValueError as exc:
+        raise ValueError(f"{name} v{stored.version}: {exc}") from None
     info = {
         "name": name,
         "alias": alias,
         "version": stored.version,
         "run_id": stored.run_id,
         "trained_on_rows": stored.rows,
-        "rule_margin": rule_margin,
-        "ranker": ranker is not None,
+        "recipe": recipe.name,
+        **recipe.params,
+        "schedules": isinstance(recipe.cost, PerChunk),
         "held_out": stored.metrics,
     }
-    booster = lgb.Booster(model_file=str(stored.model_file))
-    if booster.num_feature() != len(FEATURES):
-        raise ValueError(f"{name} v{stored.version} was trained on {booster.num_feature()} features; this ChunkPilot "
-                         f"builds {len(FEATURES)}: retrain it (chunkpilot train)")  # fmt: skip
-    chunk_cost = None if stored.chunk_cost_file is None else lgb.Booster(model_file=str(stored.chunk_cost_file))
-    info["schedules"] = chunk_cost is not None
-    predictor = Predictor(stored.version, booster, stored.hardware, info, ranker, rule_margin, stored.waits, chunk_cost)
+    predictor = Predictor(stored.version, recipe, stored.hardware, info, stored.waits)
     predictor.decide(smoke_request(stored.hardware))
     return predictor
+
+
+def past_outcomes(telemetry: Path) -> list[Outcome]:
+    """The outcomes kept in the telemetry partition, as the service accepted them."""
+    from chunkpilot.dataset import read_dataset  # pandas: at load only, never per request
+
+    if not any(telemetry.rglob("*.parquet")):
+        return []
+    rows = read_dataset(telemetry)
+    return [
+        Outcome(request=ChunkRequest.from_row(row), chunk_size=row["chunk_size"], source="service",
+                tokenize_ms=row["tokenize_ms"], prefill_ms=row["prefill_ms"], first_decode_ms=row["first_decode_ms"],
+                ttft_ms=row["ttft_ms"], chunk_ms=list(row["chunk_ms"]), finished_at=row["finished_at"])
+        for row in rows[rows.chunk_ms.notna()].to_dict("records")
+    ]  # fmt: skip

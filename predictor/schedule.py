@@ -13,10 +13,9 @@ predicted in one call; the walk is plain Python.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
-
-from chunkpilot.chunk_features import predict_chunk_ms
 
 STEPS = 3  # the TTFT model's best sizes that a schedule may mix
 MAX_BOUNDARIES = 32  # per prompt: with STEPS, ~100 chunk predictions (~0.1 ms) at most
@@ -34,10 +33,15 @@ def search_steps(sizes: list[int], n: int, limit: int) -> tuple[list[int], int] 
     return None if fitting and not steps else (steps, grid or n)
 
 
-def best_schedule(booster, config: np.ndarray, n: int, sizes: list[int], limit: int) -> tuple[list[int], float] | None:
+ChunkMs = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (config rows, q, h) -> ms per chunk
+
+
+def best_schedule(
+    chunk_ms: ChunkMs, config: np.ndarray, n: int, sizes: list[int], limit: int
+) -> tuple[list[int], float] | None:
     """(chunk sizes in order summing to `n`, their predicted prefill ms), or None when no size
-    makes a small enough search. `config` [FEATURES] is the request's feature row; `sizes` the
-    candidate sizes, best first."""
+    makes a small enough search. `chunk_ms` prices chunks (chunkpilot.recipe.Recipe.chunk_ms);
+    `config` [FEATURES] is the request's feature row; `sizes` the candidate sizes, best first."""
     found = search_steps(sizes, n, limit)
     if found is None:
         return None
@@ -50,7 +54,7 @@ def best_schedule(booster, config: np.ndarray, n: int, sizes: list[int], limit: 
 
     edges = [(h, q) for h in range(0, n, grid) for q in chunks_from(h)]
     h, q = (np.array(v, dtype=float) for v in zip(*edges, strict=True))
-    ms = predict_chunk_ms(booster, np.repeat(config[None], len(edges), axis=0), q, h)
+    ms = chunk_ms(np.repeat(config[None], len(edges), axis=0), q, h)
     best: dict[int, tuple[float, int]] = {0: (0.0, 0)}  # boundary -> (cost so far, the chunk that reached it)
     for (start, size), cost in zip(edges, ms.tolist(), strict=True):  # edges go in boundary order
         if start in best:

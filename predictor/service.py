@@ -19,7 +19,7 @@ from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
 from chunkpilot.registry import CHALLENGER
 
 from .explore import Explorer
-from .model import Answer, AnswerCache, Predictor, load_predictor
+from .model import Answer, AnswerCache, Predictor, load_predictor, past_outcomes
 from .settings import Settings
 
 
@@ -94,6 +94,7 @@ class ServiceState:
             self.challenger = self._waiting_challenger(loaded)
             if self.predictor is not None and loaded.version == self.predictor.version and not force:
                 return f"version {loaded.version} already serving"
+            loaded.learn(past_outcomes(s.telemetry_dir))  # this machine's correction, against the new model
             self.predictor, self.cache, self.last_error = loaded, AnswerCache(s.cache_size), None
             self.not_ready = ""
             self.metrics.model_version.set(float(loaded.version))
@@ -133,7 +134,7 @@ class ServiceState:
         else:
             shadow = None if challenger is None else challenger.decide(request).chunk_size
             similar = f"{quarter_octave(request.context_length)}|{request.model_dump_json(exclude={'context_length'})}"
-            answer = self.explorer.answer(pick, predictor.uncertainty, shadow, similar)  # a quarter octave alike
+            answer = self.explorer.answer(pick, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()
         self.metrics.decisions.labels(str(answer.chunk_size), source).inc()
@@ -141,7 +142,11 @@ class ServiceState:
 
     def record(self, outcomes: list) -> None:
         """Accepted outcomes into the telemetry partition (one atomic file per machine), queued for
-        publishing when the fleet shares a tracking server."""
+        publishing when the fleet shares a tracking server; the serving model's correction learns
+        from them at once (its cached answers go)."""
+        predictor = self.predictor
+        if predictor is not None and predictor.learn(outcomes):
+            self.cache = AnswerCache(self.settings.cache_size)
         for path in self.telemetry.append(outcomes):
             if self.settings.publish_telemetry:
                 self.unpublished.put(path)

@@ -50,7 +50,7 @@ def server(trained_store):
 def test_round_trip_model_then_cache(server):
     first = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
     assert first["source"] == "model" and first["model_version"] == "1"
-    # the recipe's pick (ranker order with the regressor's levels): not always the lowest level in `top`
+    # the recipe's choice (do-no-harm may keep the rule's size): not always the lowest level in `top`
     assert first["chunk_size"] <= 512 and not first["explored"]
     assert [c["predicted_ttft_ms"] for c in first["top"]] == sorted(c["predicted_ttft_ms"] for c in first["top"])
     assert first["rule"]["chunk_size"] == 512  # the hand rule, cut to the ring's window
@@ -186,24 +186,25 @@ def test_in_process_mode_gives_the_same_choice(server, trained_store):
 
 
 def test_the_served_decision_follows_the_trained_recipe(trained_store):
-    """The champion's own predictions; only the decision's recipe (ranker, margin) changes."""
+    """The champion's own predictions; only the recipe's chooser (do-no-harm's z) changes the answer."""
     import dataclasses
 
     from chunkpilot.contract import ChunkRequest
+    from chunkpilot.recipe import DEFAULT, Chooser
     from predictor.model import load_predictor
 
     served = load_predictor(trained_store, "chunk-size-predictor", "champion")
-    assert served.ranker is not None and served.rule_margin == 0.0  # the default recipe
-    assert served.info["ranker"] is True
+    assert served.recipe.name == served.info["recipe"] == DEFAULT
+
+    def with_z(z: float):
+        return dataclasses.replace(served, recipe=dataclasses.replace(served.recipe, chooser=Chooser(z)))
+
     request = ChunkRequest.model_validate(body(attention={"window": None}, context_length=6000))
-    levels_only = dataclasses.replace(served, ranker=None)
-    plain = levels_only.decide(request)
-    assert plain.chunk_size == plain.top[0].chunk_size  # without the ranker: the argmin
-    cautious = dataclasses.replace(levels_only, rule_margin=10.0).decide(request)  # nothing saves 1000%
+    plain = with_z(0.0).decide(request)
+    assert plain.chunk_size == plain.top[0].chunk_size and not plain.deferred  # z = 0: the argmin
+    cautious = with_z(1e9).decide(request)  # no predicted saving is that certain
     assert cautious.chunk_size == cautious.rule.chunk_size == 768  # the hand rule at 6000 tokens
-    saving = plain.rule.predicted_ttft_ms / plain.predicted_ttft_ms - 1
-    just_below = dataclasses.replace(levels_only, rule_margin=saving * 0.99).decide(request)
-    assert just_below.chunk_size == plain.chunk_size
+    assert cautious.deferred == (plain.chunk_size != 768)
 
 
 def test_not_ready_without_a_model_then_ready_when_one_appears(tmp_path, small_dataset, monkeypatch):
@@ -244,10 +245,11 @@ def test_admin_reload_swaps_versions_and_refuses_a_broken_one(tmp_path, small_da
         assert (
             swapped["version"] == "2" and httpx.post(f"{url}/v1/chunk-size", json=body()).json()["model_version"] == "2"
         )
-        # v3 with a corrupted model file: refused, v2 keeps serving, /readyz says why
+        # v3 with corrupted model files: refused, v2 keeps serving, /readyz says why
         train(small_dataset, params={"learning_rate": 0.3})
         stored = client.get_model_version_download_uri("chunk-size-predictor", "3").removeprefix("file://")
-        (Path(stored) / "model.lgb").write_text("not a lightgbm model")
+        for booster in Path(stored).rglob("*.lgb"):
+            booster.write_text("not a lightgbm model")
         client.set_registered_model_alias("chunk-size-predictor", "champion", "3")
         refused = httpx.post(f"{url}/admin/reload", headers=auth).json()
         assert refused["version"] == "2" and "failed" in refused["last_reload_error"]

@@ -282,7 +282,8 @@ def test_missing_alias_then_corrupt_artifact_then_ready_without_restart(tmp_path
     train(small_dataset)
     client = MlflowClient(tracking_uri=uri)
     client.delete_registered_model_alias(MODEL_NAME, "champion")
-    model_file = Path(client.get_model_version_download_uri(MODEL_NAME, "1").removeprefix("file://")) / "model.lgb"
+    stored = Path(client.get_model_version_download_uri(MODEL_NAME, "1").removeprefix("file://"))
+    model_file = next(stored.rglob("*.lgb"))  # one of the recipe's boosters
     good = model_file.read_bytes()
 
     def reason(url: str) -> str:

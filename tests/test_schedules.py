@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from servers import serve
 
-from chunkpilot.chunk_features import predict_chunk_ms
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, max_chunk, uniform
 from chunkpilot.features import build
 from chunkpilot.registry import CHAMPION, MODEL_NAME
@@ -40,11 +39,7 @@ def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(tra
 
     def predicted(schedule: list[int]) -> float:
         h = np.cumsum([0, *schedule[:-1]]).astype(float)
-        return float(
-            predict_chunk_ms(
-                predictor.chunk_cost, np.repeat(config, len(schedule), 0), np.array(schedule, float), h
-            ).sum()
-        )
+        return float(predictor.recipe.chunk_ms(np.repeat(config, len(schedule), 0), np.array(schedule, float), h).sum())
 
     ranked = [answer.chunk_size, *(c.chunk_size for c in answer.top if c.chunk_size != answer.chunk_size)]
     uniform_sizes, _ = search_steps(ranked, n, max_chunk(n, att.window, att.layout))

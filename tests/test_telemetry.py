@@ -67,6 +67,27 @@ def test_auto_prefills_land_in_the_partition_as_dataset_rows(service, engines):
     assert 'chunkpilot_outcomes_total{result="accepted"} 3.0' in metrics
 
 
+def test_the_service_learns_this_machine_from_each_outcome_without_a_retrain(trained_store, tmp_path):
+    """Accepted outcomes move the served predictions at once (the per-chunk correction); a restarted
+    service learns the same again from the outcomes kept in its telemetry."""
+    ask = ChunkRequest(context_length=1000, model="llama-tiny", hardware=HARDWARE, candidates=[256, 512])
+    settings = Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path)
+
+    def predicted(url: str) -> dict[int, float]:
+        answer = httpx.post(f"{url}/v1/chunk-size", json=ask.model_dump(mode="json")).json()
+        return {c["chunk_size"]: c["predicted_ttft_ms"] for c in answer["top"]}
+
+    with serve(create_app(settings)) as url:
+        before = predicted(url)
+        slow = [outcome(chunk_ms=[99.0] * 4, prefill_ms=400.0, ttft_ms=403.5) for _ in range(10)]  # 256s measured slow
+        assert httpx.post(f"{url}/v1/feedback", json={"outcomes": slow}).json()["accepted"] == 10
+        after = predicted(url)  # not a cached answer: the correction changed it
+        assert httpx.get(f"{url}/v1/model").json()["learnt_from_prefills"] == 10
+    assert after[256] > 2 * before[256] and after[256] / before[256] > after[512] / before[512] > 1
+    with serve(create_app(settings)) as url:  # a restart: the correction rebuilt from the partition
+        assert predicted(url) == pytest.approx(after)
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -153,26 +174,41 @@ def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
     assert lonely_group in set(table.rows.group) and lonely_group not in tested
 
 
-def answer_with_runner_up(best_ms: float, other_ms: float):
-    from predictor.model import Answer
+def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
+    """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
+    import math
+
+    from predictor.model import Answer, expected_gain
     from predictor.schemas import Candidate
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
-    return Answer(512, best_ms, top, top[1], "1")
+    gain = expected_gain(math.log(other_ms / best_ms), sd) * best_ms
+    return Answer(512, best_ms, top, top[1], "1", gains=((top[1], gain),))
 
 
-def test_exploration_stays_within_its_budget_and_only_where_the_model_is_unsure():
+def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expected_to_gain():
     from predictor.explore import Explorer
 
     explorer = Explorer(budget=0.01)
-    answers = [explorer.answer(answer_with_runner_up(100.0, 105.0), uncertainty=0.2) for _ in range(1000)]
+    answers = [explorer.answer(answer_with_runner_up(100.0, 105.0)) for _ in range(1000)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 1000 and all(a.chunk_size == 768 for a in explored)
     assert explorer.spent_ms == 5.0 * len(explored) and explorer.spent_share <= 0.01  # the budget holds
-    sure = Explorer(budget=0.5)
-    assert not any(sure.answer(answer_with_runner_up(100.0, 150.0), uncertainty=0.2).explored for _ in range(100))
+    sure = Explorer(budget=0.5)  # the members agree the runner-up is 50% slower: nothing to gain
+    assert not any(sure.answer(answer_with_runner_up(100.0, 150.0, sd=0.02)).explored for _ in range(100))
     off = Explorer(budget=0.0)
-    assert not any(off.answer(answer_with_runner_up(100.0, 100.5), uncertainty=0.2).explored for _ in range(100))
+    assert not any(off.answer(answer_with_runner_up(100.0, 100.5)).explored for _ in range(100))
+
+
+def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
+    from predictor.explore import Explorer
+    from predictor.model import Answer
+    from predictor.schemas import Candidate
+
+    sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
+    # the runner-up (768) is 1% slower but the members agree; 256 is 10% slower but they disagree widely
+    answer = Answer(512, 100.0, sizes, sizes[0], "1", gains=((sizes[1], 0.3), (sizes[2], 4.0)))
+    assert Explorer(budget=0.5).answer(answer).chunk_size == 256
 
 
 def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget():
@@ -180,12 +216,13 @@ def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget()
 
     explorer = Explorer(budget=0.05)
     # the model is sure (a 30% gap), but a challenger picks the other size: worth measuring, if affordable
-    answers = [explorer.answer(answer_with_runner_up(100.0, 130.0), 0.05, shadow=768) for _ in range(200)]
+    answers = [explorer.answer(answer_with_runner_up(100.0, 130.0, sd=0.02), shadow=768) for _ in range(200)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 200 and all(a.chunk_size == 768 for a in explored)
     assert explorer.spent_share <= 0.05
     agreeing = Explorer(budget=0.5)  # a challenger that agrees (or picks outside the top) changes nothing
-    assert not any(agreeing.answer(answer_with_runner_up(100.0, 130.0), 0.05, shadow=s).explored for s in (512, 64))
+    sure = answer_with_runner_up(100.0, 130.0, sd=0.02)
+    assert not any(agreeing.answer(sure, shadow=s).explored for s in (512, 64))
 
 
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):

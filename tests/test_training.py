@@ -11,9 +11,11 @@ import pytest
 import servers
 
 from chunkpilot.cli import main
+from chunkpilot.recipe import DEFAULT, RECIPES
 from chunkpilot.registry import MODEL_NAME, judge
+from training.baselines import baselines
 from training.data import load_table
-from training.policies import DEFAULT_PARAMS, TTFTRegressor, baselines, variants
+from training.served import served_fit
 
 
 @pytest.fixture
@@ -59,13 +61,16 @@ def test_every_policy_chooses_a_measured_feasible_chunk(small_dataset):
     table = load_table(small_dataset)
     groups = table.configs.group.to_numpy()
     train, test = table.subset(groups[::2]), table.subset(groups[1::2])
-    for policy in [TTFTRegressor(), *baselines(), *variants(DEFAULT_PARAMS, table.rows)]:
+    policies = served_fit(list(RECIPES), {})(train)
+    for policy in baselines():
         policy.fit(train)
+        policies[policy.name] = policy
+    for name, policy in policies.items():
         chosen = policy.choose(test).chunks
         for g, rows in test.rows.groupby("group"):
-            assert chosen[g] in set(rows.chunk_size), (policy.name, g)
+            assert chosen[g] in set(rows.chunk_size), (name, g)
             if rows.layout.iloc[0] == "ring":
-                assert chosen[g] <= rows.window.iloc[0], (policy.name, g)
+                assert chosen[g] <= rows.window.iloc[0], (name, g)
 
 
 def aliases(client) -> dict[str, str]:
@@ -87,19 +92,20 @@ def _has_alias(client, alias: str) -> bool:
 
 
 def test_per_chunk_rows_follow_each_candidate_s_chunks(small_dataset):
-    from training.chunk_cost import PerChunkCost, expand
+    from chunkpilot.cost_models import PerChunk, expand
 
     table = load_table(small_dataset)
-    owner, q, h = expand(table)
+    owner, q, h = expand(table.x)
     rows = table.rows
     assert len(owner) == rows.num_chunks.sum() == sum(len(ms) for ms in rows.chunk_ms)
     first = rows.index[(rows.context_length == 400) & (rows.chunk_size == 128)][0]
     mine = owner == first
     assert q[mine].tolist() == [128, 128, 128, 16] and h[mine].tolist() == [0, 128, 256, 384]
-    model = PerChunkCost()
-    model.fit(table)
-    predicted = model.predict_ms(table)
-    assert predicted.shape == (len(rows),) and (predicted > 0).all()
+    model = PerChunk(size=3)
+    model.fit(table.measured)
+    members = model.members(table.x)  # [members, rows] log ms
+    assert members.shape == (3, len(rows)) and np.isfinite(members).all()
+    assert (members.std(0) > 0).any()  # the members differ: that spread is the uncertainty
 
 
 def test_gate_promotes_only_a_strictly_better_model():
@@ -125,35 +131,20 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     assert aliases(client) == {"champion": "1", "challenger": "2"}
     runs = client.search_runs([client.get_experiment_by_name("chunk-size").experiment_id])
     names = {r.info.run_name for r in runs}
-    assert names >= {
-        "lgbm-regressor",
-        "fixed-1024",
-        "best-fixed",
-        "hand-rule",
-        "analytic-fit",
-        "nearest-config",
-        "lgbm-classifier",
-        "lgbm-ranker",
-        "lgbm-argmin",
-        "lgbm-rule-margin",
-        "lgbm-do-no-harm",
-        "lgbm-per-chunk",
-    }
-    do_no_harm = next(r for r in runs if r.info.run_name == "lgbm-do-no-harm")
-    assert do_no_harm.data.tags["role"] == "variant" and 0 <= do_no_harm.data.metrics["deferred"] <= 1
+    assert names >= {"fixed-1024", "best-fixed", "hand-rule", "analytic-fit", "nearest-config", "lgbm-classifier",
+                     "lgbm-ranker", "lgbm-rank-level", *RECIPES}  # fmt: skip
+    do_no_harm = next(r for r in runs if r.info.run_name == "per-candidate")
+    assert do_no_harm.data.tags["role"] == "recipe" and 0 <= do_no_harm.data.metrics["deferred"] <= 1
+    assert do_no_harm.data.params["cost_model"] == "per-candidate"  # the compare view's parameter rows
     model_runs = [r for r in runs if r.data.tags.get("role") == "model"]
     baseline_runs = [r for r in runs if r.data.tags.get("role") == "baseline"]
+    assert {r.info.run_name for r in model_runs} == {DEFAULT}
     assert {"mean_regret", "mean_regret.context"} <= set(model_runs[0].data.metrics)
     assert {"mean_regret", "mean_regret.context"} <= set(baseline_runs[0].data.metrics)  # one view compares them
     artifacts = {a.path for a in client.list_artifacts(model_runs[-1].info.run_id)}
-    assert {
-        "regret_cdf.png",
-        "predicted_vs_measured.png",
-        "best_chunk_heatmap.png",
-        "feature_importance.json",
-        "ranker.lgb",
-    } <= artifacts
+    assert {"regret_cdf.png", "predicted_vs_measured.png", "best_chunk_heatmap.png", "hardware.json"} <= artifacts
     assert model_runs[-1].inputs.dataset_inputs[0].dataset.name == "ttft"
+    assert model_runs[-1].data.params["recipe_name"] == DEFAULT
 
 
 @pytest.fixture
@@ -171,27 +162,30 @@ def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, mon
     assert "as champion" in capsys.readouterr().out
     version = MlflowClient(tracking_uri=mlflow_server).get_model_version_by_alias(MODEL_NAME, "champion")
     import mlflow
+    import pandas as pd
 
-    booster = mlflow.lightgbm.load_model(f"models:/{MODEL_NAME}@champion")
-    assert str(version.version) == "1" and booster.num_trees() > 0
+    from chunkpilot.features import FEATURES
+
+    served = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")  # the recipe as one MLflow model
+    rows = pd.DataFrame(load_table(small_dataset).x[:3], columns=list(FEATURES))
+    assert str(version.version) == "1" and (served.predict(rows) > 0).all()
     assert not (tmp_path / "mlruns").exists()  # everything went to the server
 
 
 def test_search_starts_from_the_defaults_and_keeps_the_best_trial(small_dataset):
-    from training.policies import DEFAULT_PARAMS
     from training.search import search
     from training.slices import make_slices
 
     table = load_table(small_dataset)
-    best, trials = search(dict(DEFAULT_PARAMS), table, make_slices(table.configs), minutes=0.01)
-    assert trials[0]["num_leaves"] == DEFAULT_PARAMS["num_leaves"]  # the defaults are always tried
+    best, trials = search(DEFAULT, {}, table, make_slices(table.configs), minutes=0.01)
+    assert set(trials[0]) == {"mean_regret", "seconds"}  # the defaults (no override) are always tried first
     winner = min(trials, key=lambda t: t["mean_regret"])
     assert best == {k: v for k, v in winner.items() if k not in ("mean_regret", "seconds")}
 
 
-def test_a_champion_trained_on_other_features_is_replaced(tmp_path):
-    """After an upgrade that changes the features, the old champion cannot serve (the service
-    refuses to load it, saying why); the gate replaces it without re-measuring its recipe."""
+def test_a_champion_of_an_older_chunkpilot_is_replaced(tmp_path):
+    """After an upgrade that changes the features (or registers recipes), the old champion cannot
+    serve (the service refuses to load it, saying why); the gate replaces it without re-measuring it."""
     from mlflow import MlflowClient
 
     from chunkpilot.registry import gate
@@ -206,5 +200,10 @@ def test_a_champion_trained_on_other_features_is_replaced(tmp_path):
     def remeasure(recipe):
         raise AssertionError("an old champion's recipe is not re-measured")
 
-    verdict = gate(client, {"all": 0.2}, {}, (10, 0), remeasure, "context_length,chunk_size,global_tokens")
-    assert verdict.alias == "champion" and "trained on other features" in verdict.reason
+    verdict = gate(
+        client, {"all": 0.2}, {"name": DEFAULT}, (10, 0), remeasure, "context_length,chunk_size,global_tokens"
+    )
+    assert verdict.alias == "champion" and "trained by an older ChunkPilot" in verdict.reason
+    client.log_param(run.info.run_id, "lgbm_params", "{}")  # the features match, but it is no recipe
+    verdict = gate(client, {"all": 0.2}, {"name": DEFAULT}, (10, 0), remeasure, "context_length,chunk_size")
+    assert verdict.alias == "champion" and "no recipe" in verdict.reason

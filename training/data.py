@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.contract import DEFAULT_CHUNKS, feasible_chunks
+from chunkpilot.cost_models import Measured
 from chunkpilot.dataset import DataError, read_dataset
 from chunkpilot.features import INPUT_COLUMNS, build
 
@@ -45,6 +46,12 @@ class Table:
     def best_chunk(self) -> pd.Series:
         """group -> the measured best chunk size."""
         return self.rows.loc[self.rows.groupby("group", sort=False).ttft_ms.idxmin()].set_index("group").chunk_size
+
+    @property
+    def measured(self) -> Measured:
+        """What a cost model fits on (numpy only, as the service holds it)."""
+        chunk_ms = [None if ms is None else np.asarray(ms, dtype=float) for ms in self.rows.chunk_ms]
+        return Measured(self.x, self.rows.ttft_ms.to_numpy(), self.rows.tokenize_ms.to_numpy(), chunk_ms)
 
     def subset(self, groups) -> Table:
         mask = self.rows.group.isin(groups).to_numpy()

@@ -3,46 +3,64 @@ held-out configs, and summarise per slice."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from chunkpilot import registry
+from chunkpilot.recipe import load_recipe
 
 from .data import Table, every_candidate, telemetry_since
 from .metrics import METRICS, records, summarize_regret
-from .policies import TTFTRegressor
+from .served import choose_groups
 from .slices import Fold
+
+Fit = Callable[[Table], dict[str, Any]]  # a fold's training configs -> fitted policies by name
+
+
+def fitted(make: Callable[[], Any]) -> Fit:
+    """cross_validate's `fit` for one policy with fit/choose (a baseline)."""
+
+    def fit(train: Table) -> dict[str, Any]:
+        policy = make()
+        policy.fit(train)
+        return {policy.name: policy}
+
+    return fit
 
 
 def cross_validate(
-    make_policy: Callable[[], object], table: Table, slices: dict[str, list[Fold]]
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(records of every held-out config in every fold of every slice, and the held-out TTFT
-    predictions of policies that make them). A config can appear in several slices."""
-    frames, predictions = [], []
+    fit: Fit, table: Table, slices: dict[str, list[Fold]]
+) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Policy name -> (records of every held-out config in every fold of every slice, and the
+    held-out TTFT predictions of policies that make them). A config can appear in several slices."""
+    frames: dict[str, list] = defaultdict(list)
+    predictions: dict[str, list] = defaultdict(list)
     for name, folds in slices.items():
         for i, (train_groups, test_groups) in enumerate(folds):
-            policy = make_policy()
-            policy.fit(table.subset(train_groups))
             test = table.subset(test_groups)
-            choice = policy.choose(test)
-            frames.append(records(test, choice).assign(slice=name, fold=i))
-            if choice.predicted_ms is not None:
-                predictions.append(
-                    pd.DataFrame(
-                        {
-                            "slice": name,
-                            "measured_ms": test.rows.ttft_ms.to_numpy(),
-                            "predicted_ms": choice.predicted_ms,
-                        }
+            for policy_name, policy in fit(table.subset(train_groups)).items():
+                choice = policy.choose(test)
+                frames[policy_name].append(records(test, choice).assign(slice=name, fold=i))
+                if choice.predicted_ms is not None:
+                    predictions[policy_name].append(
+                        pd.DataFrame(
+                            {
+                                "slice": name,
+                                "measured_ms": test.rows.ttft_ms.to_numpy(),
+                                "predicted_ms": choice.predicted_ms,
+                            }
+                        )  # fmt: skip
                     )
-                )
-    return pd.concat(frames, ignore_index=True), pd.concat(
-        predictions, ignore_index=True
-    ) if predictions else pd.DataFrame()
+    return {
+        n: (pd.concat(f, ignore_index=True), pd.concat(predictions[n], ignore_index=True) if predictions[n] else
+            pd.DataFrame())
+        for n, f in frames.items()
+    }  # fmt: skip
 
 
 def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, float], tuple[float, float, int]]:
@@ -56,7 +74,7 @@ def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, fl
             return float("nan"), float("nan"), 0
         every = every_candidate(recent)
         picks = [
-            TTFTRegressor.load(registry.fetch(tracking_uri, version=v)).choose(every).chunks
+            choose_groups(load_recipe(registry.fetch(tracking_uri, version=v).recipe_dir), every).chunks
             for v in (challenger, champion)
         ]
         regrets: tuple[list[float], list[float]] = ([], [])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .baselines import Choice, closest_measured, limited, rule_chunk
 from .data import Table
-from .policies import Choice, closest_measured, limited, rule_chunk
 
 METRICS = ("mean_regret", "p95_regret", "top1", "within_5pct", "mape", "saved_vs_1024", "saved_vs_rule", "deferred")
 

@@ -9,7 +9,7 @@ import time
 
 from .data import Table
 from .evaluate import cross_validate, slice_metrics
-from .policies import TTFTRegressor
+from .served import served_fit
 from .slices import Fold
 
 # at most 120 trees of 31 leaves: the service walks every tree for each of a dozen candidates
@@ -24,18 +24,15 @@ SPACE = {
 }
 
 
-def slice_regrets(params: dict, table: Table, slices: dict[str, list[Fold]]) -> dict[str, float]:
-    """The recipe's mean regret per held-out slice, and over all (`all`)."""
-    frame, _ = cross_validate(lambda: TTFTRegressor(params), table, slices)
-    return {name: m["mean_regret"] for name, m in slice_metrics(frame).items()}
-
-
-def mean_regret(params: dict, table: Table, slices: dict[str, list[Fold]]) -> float:
-    return slice_regrets(params, table, slices)["all"]
+def slice_regrets(recipe: dict, table: Table, slices: dict[str, list[Fold]]) -> dict[str, float]:
+    """A recipe's ({"name", "lgbm", ...}) mean regret per held-out slice, and over all (`all`)."""
+    name = recipe["name"]
+    frame, _ = cross_validate(served_fit([name], recipe["lgbm"]), table, slices)[name]
+    return {s: m["mean_regret"] for s, m in slice_metrics(frame).items()}
 
 
 def search(
-    base: dict, table: Table, slices: dict[str, list[Fold]], minutes: float, seed: int = 0
+    recipe: str, base: dict, table: Table, slices: dict[str, list[Fold]], minutes: float, seed: int = 0
 ) -> tuple[dict, list[dict]]:
     """(the best params found, every trial as {params..., mean_regret, seconds}); the defaults first."""
     deadline, rng = time.monotonic() + 60 * minutes, random.Random(seed)
@@ -43,7 +40,7 @@ def search(
     candidate, last = dict(base), 0.0
     while time.monotonic() + last < deadline:
         t0 = time.monotonic()
-        regret = mean_regret(candidate, table, slices)
+        regret = slice_regrets({"name": recipe, "lgbm": candidate}, table, slices)["all"]
         last = time.monotonic() - t0
         trials.append({**candidate, "mean_regret": regret, "seconds": round(last, 1)})
         best = min(trials, key=lambda t: t["mean_regret"])

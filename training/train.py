@@ -1,16 +1,17 @@
-"""`chunkpilot train`: cross-validate the model and every baseline on the held-out slices, log each
-as its own MLflow run with the same metric names, then log and register the model trained on all
-data, moving `champion` only through the promotion gate."""
+"""`chunkpilot train`: cross-validate every recipe and baseline on the held-out slices, log each as
+its own MLflow run with the same metric names, then fit the registered recipe (chunkpilot.recipe:
+DEFAULT unless asked otherwise) on all data, log it as one MLflow model and register it, moving
+`champion` only through the promotion gate."""
 
 from __future__ import annotations
 
-import copy
 import json
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from chunkpilot import registry
@@ -18,21 +19,25 @@ from chunkpilot.cache import user_cache_dir
 from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.fleet import Gathered, gather
+from chunkpilot.recipe import DEFAULT, RECIPES, Recipe, make_recipe
 from chunkpilot.registry import Verdict
 from chunkpilot.tracking import quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots
-from .chunk_cost import PerChunkCost
+from .baselines import baselines
 from .data import Table, load_table
-from .evaluate import cross_validate, flat, on_recent_telemetry, slice_metrics
-from .policies import DEFAULT_PARAMS, TTFTRegressor, baselines, variants
+from .evaluate import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
 from .search import search, slice_regrets
+from .served import fit_recipes, served_fit
 from .slices import make_slices
+
+MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the recipe as an MLflow model, logged as code
 
 
 @dataclass
 class TrainResult:
     metrics: dict[str, dict[str, dict[str, float]]]  # policy -> slice -> metric
+    recipe: str  # the registered recipe's name
     version: str
     verdict: Verdict
     settled: str | None  # what the gate did to a waiting challenger first
@@ -74,60 +79,43 @@ def _row_counts(table: Table) -> tuple[int, int]:
     return int((~telemetry).sum()), int(table.rows.repeats[telemetry].sum())
 
 
-def fit_chunk_cost(table: Table, params: dict) -> PerChunkCost | None:
-    """The per-chunk cost model on every config with per-chunk times (dataset v2 and telemetry),
-    served beside the model to choose schedules; None when no row has them."""
-    timed = table.rows.group[table.rows.chunk_ms.notna()].unique()
-    if len(timed) == 0:
-        return None
-    model = PerChunkCost(params)
-    model.fit(table.subset(timed))
-    return model
+def recipe_description(recipe: Recipe, table: Table) -> dict:
+    """The registered recipe's params, as its run logs them and the compare view shows them."""
+    timed = int(table.rows.chunk_ms.notna().sum())
+    return {
+        registry.RECIPE: json.dumps({"name": recipe.name, **recipe.params}, sort_keys=True),
+        "recipe_name": recipe.name,
+        "cost_model": recipe.cost.kind,
+        "members": recipe.cost.size,
+        "do_no_harm_z": recipe.chooser.z,
+        "features": ",".join(FEATURES),
+        "rows": len(table.rows),
+        **dict(zip(("profiled_rows", "telemetry_prefills"), _row_counts(table), strict=True)),
+        "rows_with_chunk_ms": timed,
+        "configs": table.rows.group.nunique(),
+        "machines": ",".join(sorted(table.rows.hardware_id.unique())),
+    }
 
 
 def _log_model(
-    final: TTFTRegressor,
-    chunk_cost: PerChunkCost | None,
+    recipe: Recipe,
     table: Table,
     source: str,
-    params: dict,
     slices: dict,
     trials: list[dict],
     frames: dict[str, pd.DataFrame],
     predictions: pd.DataFrame,
     verdict: Verdict,
 ) -> str:
-    """Inside the model's run: its recipe, held-out metrics, artifacts and figures; the booster
-    logged and registered. Returns the registered version."""
+    """Inside the model's run: its recipe, held-out metrics, artifacts and figures; the recipe
+    logged as one MLflow model and registered. Returns the registered version."""
     import mlflow
 
-    mlflow.set_tags(
-        {
-            "role": "model",
-            "policy": "lgbm-regressor",
-            "promotion": verdict.reason,
-            "target": "log(ttft_ms) - chunkpilot.features.base_log_ms(features)",
-        }
-    )
+    mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
     mlflow.log_params(
-        {
-            "lgbm_params": json.dumps(params, sort_keys=True),
-            "features": ",".join(FEATURES),
-            "rows": len(table.rows),
-            **dict(zip(("profiled_rows", "telemetry_prefills"), _row_counts(table), strict=True)),
-            "configs": table.rows.group.nunique(),
-            "slices": json.dumps({k: len(v) for k, v in slices.items()}),
-            "chunk_cost": str(chunk_cost is not None).lower(),
-        }
+        {**recipe_description(recipe, table), "slices": json.dumps({k: len(v) for k, v in slices.items()})}
     )
-    booster = final.booster
-    importance = dict(zip(FEATURES, booster.feature_importance("gain").round(1).tolist(), strict=True))
-    mlflow.log_dict(dict(sorted(importance.items(), key=lambda kv: -kv[1])), "feature_importance.json")
     mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE)
-    if final.ranker is not None:
-        mlflow.log_text(final.ranker.model.booster_.model_to_string(), registry.RANKER)
-    if chunk_cost is not None:
-        mlflow.log_text(chunk_cost.booster.model_to_string(), registry.CHUNK_COST)
     if trials:
         mlflow.log_dict({"trials": trials}, "search_trials.json")
     for figure, name in (
@@ -138,11 +126,18 @@ def _log_model(
         mlflow.log_figure(figure, name)
         plots.plt.close(figure)
     _log_dataset(table, source)
-    example = pd.DataFrame(table.x[:3], columns=list(FEATURES))
-    signature = mlflow.models.infer_signature(example, booster.predict(table.x[:3]))
-    info = mlflow.lightgbm.log_model(
-        booster, name="model", signature=signature, input_example=example, registered_model_name=registry.MODEL_NAME
-    )
+    with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
+        folder = recipe.save(Path(tmp) / registry.RECIPE)
+        example = pd.DataFrame(table.x[:3], columns=list(FEATURES))  # one feature row per candidate
+        signature = mlflow.models.infer_signature(example, np.exp(recipe.members(table.x[:3]).mean(0)))
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=str(MODEL_CODE),
+            artifacts={registry.RECIPE: str(folder)},
+            registered_model_name=registry.MODEL_NAME,
+            signature=signature,
+            pip_requirements=["lightgbm", "numpy"],
+        )
     return str(info.registered_model_version)
 
 
@@ -152,61 +147,63 @@ def train(
     params: dict | None = None,
     search_minutes: float = 0.0,
     source: str | None = None,
+    recipe: str = DEFAULT,
 ) -> TrainResult:
-    """Cross-validate every baseline and variant and the model on the same slices, each its own run;
-    then fit on all rows, pass the gate, log and register. `source`: where the data came from, for
-    the runs' lineage (default: the `data` folder)."""
+    """Cross-validate every baseline and recipe on the same slices, each its own run; then fit
+    `recipe` on all rows, pass the gate, log and register. `params`: LightGBM's, over the cost
+    models' defaults; `source`: where the data came from, for the runs' lineage (default: `data`)."""
     source = source or str(data)
     import mlflow
     from mlflow import MlflowClient
 
     start = time.monotonic()
-    params = {**DEFAULT_PARAMS, **(params or {})}
+    lgbm = dict(params or {})
     table = load_table(data)
     slices = make_slices(table.configs)
     if not slices:
         raise DataError("data", f"{data}: the configs differ in nothing that can be held out")
     trials: list[dict] = []
     if search_minutes > 0:
-        params, trials = search(params, table, slices, search_minutes)
-    metrics: dict[str, dict] = {}
-    frames: dict[str, pd.DataFrame] = {}
+        lgbm, trials = search(recipe, lgbm, table, slices, search_minutes)
+    judged = {}
+    for policy in baselines():
+        judged.update(cross_validate(fitted(lambda p=policy: p), table, slices))
+    judged.update(cross_validate(served_fit(list(RECIPES), lgbm), table, slices))
+    frames = {name: frame for name, (frame, _) in judged.items()}
+    metrics = {name: slice_metrics(frame) for name, frame in frames.items()}
+    roles = {name: "recipe" if name in RECIPES else "baseline" for name in judged}
     with quiet_mlflow():
         experiment_id = use_experiment(experiment)
         client = MlflowClient()
-        others = [(b, "baseline") for b in baselines()] + [(v, "variant") for v in variants(params, table.rows)]
-        for policy, role in others:
-            frame, _ = cross_validate(lambda p=policy: copy.copy(p), table, slices)
-            frames[policy.name], metrics[policy.name] = frame, slice_metrics(frame)
-            with mlflow.start_run(experiment_id=experiment_id, run_name=policy.name):
-                mlflow.set_tags({"role": role, "policy": policy.name})
-                mlflow.log_metrics(flat(metrics[policy.name]))
+        for name in judged:
+            if name == recipe:
+                continue
+            with mlflow.start_run(experiment_id=experiment_id, run_name=name):
+                mlflow.set_tags({"role": roles[name], "policy": name})
+                if name in RECIPES:
+                    mlflow.log_params(recipe_description(make_recipe(name, lgbm), table))
+                mlflow.log_metrics(flat(metrics[name]))
                 _log_dataset(table, source)
-
-        frame, predictions = cross_validate(lambda: TTFTRegressor(params), table, slices)
-        frames["lgbm-regressor"], metrics["lgbm-regressor"] = frame, slice_metrics(frame)
-        new = {name: m["mean_regret"] for name, m in metrics["lgbm-regressor"].items()}
-        new_regret = new["all"]
-        final = TTFTRegressor(params)
-        final.fit(table)
+        new = {name: m["mean_regret"] for name, m in metrics[recipe].items()}
+        with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
+            final = fit_recipes([recipe], lgbm, table, Path(tmp))[recipe]
         settled = registry.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURES))
-        chunk_cost = fit_chunk_cost(table, params)
         verdict = registry.gate(
             client,
             new,
-            params,
+            {"name": final.name, **final.params},
             _row_counts(table),
-            lambda recipe: slice_regrets(recipe, table, slices),
+            lambda theirs: slice_regrets(theirs, table, slices),
             ",".join(FEATURES),
-            chunk_cost is not None,
         )
-        with mlflow.start_run(experiment_id=experiment_id, run_name="lgbm-regressor"):
-            mlflow.log_metrics(flat(metrics["lgbm-regressor"]))
-            version = _log_model(final, chunk_cost, table, source, params, slices, trials, frames, predictions, verdict)
-        registry.register(client, version, verdict, new_regret, settled)
+        with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
+            mlflow.log_metrics(flat(metrics[recipe]))
+            version = _log_model(final, table, source, slices, trials, frames, judged[recipe][1], verdict)
+        registry.register(client, version, verdict, new["all"], settled)
     return TrainResult(
-        metrics, version, verdict, settled, time.monotonic() - start, len(table.rows), table.rows.group.nunique()
-    )
+        metrics, recipe, version, verdict, settled, time.monotonic() - start, len(table.rows),
+        table.rows.group.nunique()
+    )  # fmt: skip
 
 
 def train_from_tracking(
@@ -244,25 +241,32 @@ def _format_gathered(gathered: Gathered) -> str:
 
 
 def format_result(result: TrainResult) -> str:
-    policies = ["lgbm-regressor", *[n for n in result.metrics if n != "lgbm-regressor"]]
-    slice_names = list(result.metrics["lgbm-regressor"])
-    lines = [f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s"]
+    served = result.recipe
+    policies = [served, *[n for n in result.metrics if n != served]]
+    slice_names = list(result.metrics[served])
+    lines = [f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s; "
+             f"served recipe: {served} (chunkpilot.recipe.DEFAULT)"]  # fmt: skip
     for metric, what in (("mean_regret", "mean regret"), ("p95_regret", "p95 regret")):
         lines += [
             "",
-            f"{what} on held-out configs (TTFT of the choice / measured best - 1)",
-            f"{'policy':<18}" + "".join(f"{s:>15}" for s in slice_names),
+            f"{what} on held-out configs (TTFT of the choice / measured best - 1), the same code as serves",
+            f"{'policy':<22}" + "".join(f"{s:>14}" for s in slice_names),
         ]
         for name in policies:
-            lines.append(f"{name:<18}" + "".join(f"{result.metrics[name][s][metric]:>15.1%}" for s in slice_names))
+            mark = " *" if name == served else ""
+            lines.append(
+                f"{name + mark:<22}" + "".join(f"{result.metrics[name][s][metric]:>14.1%}" for s in slice_names)
+            )
     deferred = {n: m["all"]["deferred"] for n, m in result.metrics.items() if m["all"]["deferred"] > 0}  # NaN: no
-    lines += [f"{n} took the rule's size on {share:.0%} of held-out configs" for n, share in deferred.items()]
+    lines += [
+        f"{n}: do-no-harm took the rule's size on {share:.0%} of held-out configs" for n, share in deferred.items()
+    ]
     lines += [
         "",
-        "lgbm-regressor per slice (targets: mean regret <= 2.5%, p95 <= 10%, within 5% >= 85%)",
+        f"{served} per slice (targets: mean regret <= 2.5%, p95 <= 10%, within 5% >= 85%)",
         f"{'slice':<14}{'mean':>8}{'p95':>8}{'top-1':>8}{'within5%':>10}{'MAPE':>8}{'saved/1024':>12}{'saved/rule':>12}",
     ]
-    for s, m in result.metrics["lgbm-regressor"].items():
+    for s, m in result.metrics[served].items():
         lines.append(
             f"{s:<14}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['top1']:>8.0%}{m['within_5pct']:>10.0%}"
             f"{m['mape']:>8.1%}{m['saved_vs_1024']:>12.0%}{m['saved_vs_rule']:>12.0%}"
@@ -271,12 +275,12 @@ def format_result(result: TrainResult) -> str:
         f"{name} in {s}"
         for name in policies[1:]
         for s in slice_names
-        if result.metrics[name][s]["mean_regret"] <= result.metrics["lgbm-regressor"][s]["mean_regret"]
+        if result.metrics[name][s]["mean_regret"] <= result.metrics[served][s]["mean_regret"]
     ]
     lines.append(
-        "the model beats every baseline on mean regret in every slice"
+        f"{served} beats every other policy on mean regret in every slice"
         if not losses
-        else "the model does NOT beat: " + ", ".join(losses)
+        else f"{served} does NOT beat: " + ", ".join(losses)
     )
     if result.settled:
         lines.append(result.settled)

@@ -1,7 +1,9 @@
 """`chunkpilot demo`, the main job end to end: profile this machine briefly, train and register
-(through the promotion gate), serve the champion, then compare `auto`, fixed 1024 and the hand
-rule on a set of prompts with the evaluator (engine/evaluate.py): TTFT and regret per prompt and
-policy, and auto's saving over each with its 95% interval."""
+(through the promotion gate), serve the champion, let it learn this machine from a short workload
+of its own prefills (telemetry on, bounded exploration), then compare `auto`, fixed 1024 and the
+hand rule on other prompts of the same kinds with the evaluator (engine/evaluate.py): TTFT and
+regret per prompt and policy, and auto's saving over each with its 95% interval. The comparison's
+own measurements never reach the model (it measures fixed sizes; auto is only asked)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,28 @@ import argparse
 import time
 from pathlib import Path
 
+import httpx
+
 from chunkpilot.contract import number
 from engine.evaluate import PromptCase
 
 from .processes import free_port, start_service, wait_ready
 
-HELP = "the main job: profile briefly, train, serve, and compare auto vs fixed 1024 vs the hand rule"
-# lengths and attention set-ups not in the demo's own profile grid
+HELP = "the main job: profile briefly, train, serve, learn from prefills, compare auto vs fixed 1024 vs the hand rule"
+# the deployment's own prompts, learnt from: the same kinds as the comparison's (no window, shift and
+# ring windows, sinks), none of their lengths or windows
+LEARN = [
+    PromptCase(900),
+    PromptCase(2000),
+    PromptCase(4500),
+    PromptCase(2000, 768, "shift"),
+    PromptCase(5000, 1536, "shift"),
+    PromptCase(12000, 1024, "shift"),
+    PromptCase(4000, 1024, "ring"),
+    PromptCase(1800, 384, "ring", 4),
+]
+LEARN_PASSES = 3  # each learning prompt (other words each time)
+# lengths and attention set-ups in neither the demo's profile grid nor the learning workload
 PROMPTS = [
     PromptCase(1200),
     PromptCase(3000),
@@ -32,12 +49,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="profiled data to train on")
     parser.add_argument("--model", default="llama-tiny", help="the engine's model for the comparison")
     parser.add_argument(
-        "--max-rounds", default="8", help="most measuring rounds of the comparison (at least 3 unless fewer)"
+        "--max-rounds", default="8", help="most measuring rounds of the comparison (at least 5 unless fewer)"
     )
+    parser.add_argument("--explore", default="0.01", help="share of served TTFT the learning phase may explore")
+
+
+STEPS = 6
 
 
 def _step(n: int, text: str, start: float) -> None:
-    print(f"\n[{n}/5 at {time.monotonic() - start:.0f} s] {text}", flush=True)
+    print(f"\n[{n}/{STEPS} at {time.monotonic() - start:.0f} s] {text}", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)
     max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=50)
+    explore = number("explore", args.explore, float, ge=0, le=0.5)
     start = time.monotonic()
     spec = Spec.from_file(args.spec)
     _step(1, f"profiling this machine for up to {minutes:g} min ({args.spec}), beside the shipped data", start)
@@ -60,21 +82,32 @@ def run(args: argparse.Namespace) -> int:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    _step(3, f"starting the service (chunkpilot serve) on {url}", start)
-    service = start_service(port, explore_budget=0)  # the comparison asks for the model's own picks
+    _step(3, f"starting the service (chunkpilot serve) on {url}, exploring up to {explore:.0%} of served TTFT", start)
+    service = start_service(port, explore_budget=explore)
     try:
         wait_ready(url, service)
+        _step(4, f"{args.model}: learning this machine from its own prefills ({len(LEARN)} prompts x {LEARN_PASSES})",
+              start)  # fmt: skip
+        print(learn_with_service(args.model, url, LEARN, LEARN_PASSES), flush=True)
+    finally:
+        service.terminate()
+        service.wait(timeout=20)
+    service = start_service(port, explore_budget=0)  # the comparison asks for the recipe's own choices
+    try:
+        wait_ready(url, service)
+        learnt = httpx.get(f"{url}/v1/model").json().get("learnt_from_prefills", 0)
         _step(
-            4,
-            f"{args.model}: {len(PROMPTS)} prompts, every chunk size (each policy's choice among them) per "
-            f"round, rounds until auto's savings are settled (at most {max_rounds})",
+            5,
+            f"restarted the service without exploring (its correction re-learnt from the {learnt} prefills kept in "
+            f"its telemetry); {args.model}: {len(PROMPTS)} other prompts, every chunk size (each policy's choice "
+            f"among them) per round, rounds until auto's savings are settled ({min(5, max_rounds)} to {max_rounds})",
             start,
         )
         table = compare_with_service(args.model, url, max_rounds)
     finally:
         service.terminate()
         service.wait(timeout=20)
-    _step(5, "stopped the service", start)
+    _step(6, "stopped the service", start)
     print(table)
     print(
         "\nMLflow: .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --port 5000  "
@@ -82,6 +115,32 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"demo finished in {(time.monotonic() - start) / 60:.1f} min")
     return 0
+
+
+def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
+    """The deployment's own workload through `auto` with telemetry on: each prefill's chunk times go
+    to the service, whose correction learns from them at once (and explores within its budget)."""
+    from engine.engine import Engine, EngineConfig, Prompt
+    from engine.hardware import local_hardware
+    from engine.predictor_client import AutoPolicy
+    from engine.telemetry import Reporter, to_service
+
+    engine = Engine(EngineConfig(model=model))
+    reporter = Reporter(to_service(url), capacity=4096)
+    auto = AutoPolicy(url, 0.5, local_hardware(engine.config.dtype, engine.runtime.threads), reporter=reporter)
+    explored = 0
+    try:
+        for k in range(passes):
+            for case in cases:
+                text = engine.prompt_text(Prompt(num_tokens=case.tokens, seed=k + 1))  # other words each pass
+                result = engine.run(text, case.tokens, case.attention, auto)
+                explored += result.decision_explored
+    finally:
+        auto.close()  # flushes the telemetry
+    learnt = httpx.get(f"{url}/v1/model").json().get("learnt_from_prefills", 0)
+    return (f"learning from {reporter.sent} prefills ({explored} explored a candidate other than the recipe's "
+            f"choice, {reporter.dropped} dropped): the service's correction now holds {learnt} prefills of this "
+            "machine")  # fmt: skip
 
 
 def compare_with_service(model: str, url: str, max_rounds: int, cases: list | None = None) -> str:
@@ -102,7 +161,7 @@ def compare_with_service(model: str, url: str, max_rounds: int, cases: list | No
             policies,
             cases or PROMPTS,
             [("auto", "hand rule"), ("auto", "fixed 1024")],
-            min_rounds=min(3, max_rounds),
+            min_rounds=min(5, max_rounds),  # a paired bootstrap over 5 rounds has 126 distinct resamples
             max_rounds=max_rounds,
         )
     finally:

@@ -1,21 +1,21 @@
-"""Ways to choose a chunk size, fitted on training configs and asked about held-out ones: the
-LightGBM TTFT regressor (the model) and every baseline it must beat. Each returns, per held-out
-group, the chosen chunk size among that group's measured (feasible) candidates."""
+"""The baselines a recipe must beat, fitted on training configs and asked about held-out ones:
+fixed sizes, the hand rule, the analytic fit, lookups, a classifier, a ranker, and the regressor
+with the ranker's order that was served before recipes (rank+level). Each returns, per held-out
+group, the chosen chunk size among that group's measured (feasible) candidates. The served
+recipes themselves are judged through training/served.py."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.choice import pick
-from chunkpilot.contract import fit_chunk, hand_rule
-from chunkpilot.features import FEATURES, MONOTONE, base_log_ms, history_sum, keys_sum
-from chunkpilot.registry import Stored
+from chunkpilot.contract import fit_chunk, rule_candidate
+from chunkpilot.cost_models import PerCandidate
+from chunkpilot.features import FEATURES, history_sum, keys_sum
 
 from .data import Table
 
@@ -30,21 +30,6 @@ CHUNK_DEPENDENT = {
     "overhead_ms",
 }
 CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEPENDENT]
-# 120 trees of 15 leaves: as good on held-out configs as 400 of 31 (README, Training) at a third of
-# the serving time, which the decision's 0.2 ms budget needs
-# rank_with_ranker, rule_margin: how the decision uses the predictions (predictor/choice.py); the
-# service reads both from the registered run's params
-DEFAULT_PARAMS = {
-    "num_boost_round": 120,
-    "learning_rate": 0.1,
-    "num_leaves": 15,
-    "min_data_in_leaf": 5,
-    "bagging_fraction": 0.9,
-    "bagging_freq": 1,
-    "feature_fraction": 0.9,
-    "rule_margin": 0.0,
-    "rank_with_ranker": True,
-}
 
 
 def closest_measured(candidates: np.ndarray, chunk: int) -> int:
@@ -61,7 +46,8 @@ def limited(rows: pd.DataFrame, chunk: int) -> int:
 
 def rule_chunk(rows: pd.DataFrame) -> int:
     """The hand rule's size among a config's measured candidates."""
-    return closest_measured(rows.chunk_size.to_numpy(), limited(rows, hand_rule(int(rows.context_length.iloc[0]))))
+    first = rows.iloc[0]
+    return rule_candidate(rows.chunk_size.tolist(), int(first.context_length), int(first.window) or None, first.layout)
 
 
 def quiet_lgb(**params) -> dict:
@@ -73,7 +59,7 @@ def quiet_lgb(**params) -> dict:
 class Choice:
     chunks: dict[str, int]  # group -> chosen chunk size
     predicted_ms: np.ndarray | None = None  # per test row, for regressors
-    deferred: set[str] | None = None  # groups where a do-no-harm policy took the rule's size instead
+    deferred: set[str] | None = None  # groups where a do-no-harm recipe took the rule's size instead
 
 
 class FixedChunk:
@@ -244,126 +230,41 @@ class ChunkRanker:
         return Choice(argmin_per_group(test, -self.model.predict(test.x)))
 
 
-@dataclass
-class TTFTRegressor:
-    """The model: LightGBM on log TTFT per (config, chunk size), learning the correction to the
-    analytic estimate (`base_log_ms`, part of the serving contract). With `rank_with_ranker` an
-    LGBMRanker's order within the config is combined with the regressor's levels; with
-    `rule_margin` the hand rule's size is kept unless the pick is predicted to save more than that
-    (predictor/choice.py: the same decision the service makes)."""
-
-    params: dict = field(default_factory=lambda: dict(DEFAULT_PARAMS))
-    name: str = "lgbm-regressor"
-
-    def fit(self, train: Table) -> None:
-        params = quiet_lgb(
-            objective="regression", monotone_constraints=list(MONOTONE), **{**DEFAULT_PARAMS, **self.params}
-        )
-        rounds = params.pop("num_boost_round")
-        self.rule_margin, ranked = params.pop("rule_margin"), params.pop("rank_with_ranker")
-        data = lgb.Dataset(train.x, train.y - base_log_ms(train.x), feature_name=list(FEATURES), free_raw_data=False)
-        self.booster = lgb.train(params, data, num_boost_round=rounds)
-        self.ranker = ChunkRanker() if ranked else None
-        if self.ranker is not None:
-            self.ranker.fit(train)
-
-    @classmethod
-    def load(cls, stored: Stored) -> TTFTRegressor:
-        """A registered version as it serves: its booster, its ranker and its recipe's rule margin."""
-        model = cls(stored.recipe, f"v{stored.version}")
-        model.booster, model.rule_margin = lgb.Booster(model_file=str(stored.model_file)), stored.recipe["rule_margin"]
-        model.ranker = None
-        if stored.ranker_file is not None:
-            model.ranker = ChunkRanker()
-            model.ranker.model = lgb.Booster(model_file=str(stored.ranker_file))
-        return model
-
-    def predict_log_ms(self, table: Table) -> np.ndarray:
-        return self.booster.predict(table.x) + base_log_ms(table.x)
-
-    def choose(self, test: Table) -> Choice:
-        level = self.predict_log_ms(test)
-        score = None if self.ranker is None else self.ranker.model.predict(test.x)
-        return choose_per_group(test, level, score, lambda i, best, rule: self.rule_margin)
+def _ranks(values: np.ndarray) -> np.ndarray:
+    ranks = np.empty(len(values), dtype=int)
+    ranks[np.argsort(values, kind="stable")] = np.arange(len(values))
+    return ranks
 
 
-def choose_per_group(
-    test: Table, level: np.ndarray, score: np.ndarray | None, margin: Callable[[np.ndarray, int, int], float]
-) -> Choice:
-    """chunkpilot.choice.pick for every held-out config; `margin(rows, argmin, rule)` (positions
-    within the config) gives its rule margin."""
-    chunks, deferred = {}, set()
-    for g, r in test.rows.groupby("group", sort=False):
-        i = r.index.to_numpy()
-        rule = int(np.flatnonzero(r.chunk_size.to_numpy() == rule_chunk(r))[0])
-        best, to_rule = pick(
-            level[i].tolist(),
-            None if score is None else score[i].tolist(),
-            rule,
-            margin(i, int(np.argmin(level[i])), rule),
-        )
-        chunks[g] = int(r.chunk_size.iloc[best])
-        if to_rule:
-            deferred.add(g)
-    return Choice(chunks, np.exp(level), deferred)
+def rank_level(log_ms: np.ndarray, rank_score: np.ndarray) -> int:
+    """The lowest sum of the levels' rank and the ranker's rank (higher score: better); the level
+    breaks ties."""
+    combined = _ranks(log_ms) + _ranks(-rank_score)
+    return int(np.lexsort((log_ms, combined))[0])
 
 
-@dataclass
-class DoNoHarm:
-    """An ensemble of regressors (seeds and bagging differ); the argmin of their mean log TTFT,
-    unless its predicted saving over the hand rule's size is within `z` standard deviations of the
-    members' disagreement: then the rule's size, whose worst case users already know."""
+class RankLevel:
+    """What served before recipes: the per-candidate regressor's levels (one member) combined with
+    a LambdaRank ranker's order within the config."""
 
-    params: dict = field(default_factory=lambda: dict(DEFAULT_PARAMS))
-    members: int = 5
-    z: float = 1.0
-    name: str = "lgbm-do-no-harm"
+    name = "lgbm-rank-level"
 
     def fit(self, train: Table) -> None:
-        self.models = []
-        for seed in range(self.members):
-            model = TTFTRegressor(
-                {
-                    **self.params,
-                    "seed": seed,
-                    "bagging_fraction": 0.7,
-                    "feature_fraction": 0.7,
-                    "rule_margin": 0.0,
-                    "rank_with_ranker": False,
-                }
-            )
-            model.fit(train)
-            self.models.append(model)
+        self.levels = PerCandidate(size=1)
+        self.levels.fit(train.measured)
+        self.ranker = ChunkRanker()
+        self.ranker.fit(train)
 
     def choose(self, test: Table) -> Choice:
-        predicted = np.stack([m.predict_log_ms(test) for m in self.models])  # [K, rows]
-        sd = predicted.std(0)
-        return choose_per_group(
-            test,
-            predicted.mean(0),
-            None,
-            lambda i, best, rule: float(np.expm1(self.z * np.hypot(sd[i][best], sd[i][rule]))),
-        )
-
-
-def variants(params: dict, rows: pd.DataFrame) -> list:
-    """Other models, judged beside the default on the same slices (any that equals it is left
-    out): the regressor alone, with the ranker's order, with a 5% rule margin, the ensemble, and
-    the per-chunk cost model where every row has per-chunk times (dataset v2)."""
-    from .chunk_cost import PerChunkCost
-
-    plain = {**params, "rule_margin": 0.0, "rank_with_ranker": False}
-    others = [
-        TTFTRegressor(plain, "lgbm-argmin"),
-        TTFTRegressor({**plain, "rank_with_ranker": True}, "lgbm-rank-level"),
-        TTFTRegressor({**plain, "rule_margin": 0.05}, "lgbm-rule-margin"),
-    ]
-    per_chunk = [PerChunkCost(params)] if rows.chunk_ms.notna().all() else []
-    return [v for v in others if {**DEFAULT_PARAMS, **v.params} != {**DEFAULT_PARAMS, **params}] + [
-        DoNoHarm(params),
-        *per_chunk,
-    ]
+        level = self.levels.members(test.x)[0]
+        score = self.ranker.model.predict(test.x)
+        chunks = {}
+        for g, r in test.rows.groupby("group", sort=False):
+            i = r.index.to_numpy()
+            chunks[g] = int(r.chunk_size.iloc[rank_level(level[i], score[i])])
+        return Choice(chunks, np.exp(level))
 
 
 def baselines() -> list:
-    return [FixedChunk(1024), BestFixed(), HandRule(), AnalyticFit(), NearestConfig(), ChunkClassifier(), ChunkRanker()]
+    return [FixedChunk(1024), BestFixed(), HandRule(), AnalyticFit(), NearestConfig(), ChunkClassifier(), ChunkRanker(),
+            RankLevel()]  # fmt: skip

@@ -1,0 +1,69 @@
+"""This machine, learnt from its own prefills without a retrain: a shrunk residual on the per-chunk
+cost.
+
+Every `auto` prefill reports each chunk's ms. Its residual against the served cost model (log
+measured - log predicted, the members' mean) is kept per kind of request (the same model shape,
+machine descriptors, dtype, threads, kernel and window regime: window on or off and its layout,
+but any length or window size) and per quarter octave of the chunk's query tokens. A prefill counts
+once per bucket (its chunks' mean residual), and each level is shrunk towards the one above it with
+PRIOR prefills' worth of weight: the kind's mean towards 0 (the global model), a size bucket's towards
+its kind's mean. So one prefill moves a prediction a third of the way, a dozen almost all of it, and
+sizes never measured here still move with the machine's level. numpy only: the service applies it
+on every answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .features import FEATURES
+
+PRIOR = 2.0
+KIND = ["has_window", "layout", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+        "intermediate_size", "dtype_bytes", "attn_impl", "threads", "matmul_gflops", "bandwidth_gbs",
+        "call_overhead_ms", "cores"]  # fmt: skip
+_KIND = [FEATURES.index(name) for name in KIND]
+
+
+def kinds(config: np.ndarray) -> list[tuple[float, ...]]:
+    """Each row's kind of request (rounded so that one descriptor measured twice is one kind)."""
+    return [tuple(row) for row in np.round(config[:, _KIND], 4).tolist()]
+
+
+def size_bucket(q: np.ndarray) -> np.ndarray:
+    return np.round(4 * np.log2(np.maximum(q, 1))).astype(int)
+
+
+@dataclass
+class Correction:
+    prior: float = PRIOR
+    prefills: int = 0
+    level: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # sum, count
+    sized: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+
+    def learn(self, config: np.ndarray, q: np.ndarray, residual: np.ndarray) -> None:
+        """One prefill: its chunks' config rows [chunks, FEATURES], query tokens and log residuals."""
+        kind = kinds(config[:1])[0]
+        self.prefills += 1
+        entry = self.level[kind]
+        entry[0], entry[1] = entry[0] + float(residual.mean()), entry[1] + 1
+        buckets = size_bucket(q)
+        for b in np.unique(buckets).tolist():
+            entry = self.sized[(kind, b)]
+            entry[0], entry[1] = entry[0] + float(residual[buckets == b].mean()), entry[1] + 1
+
+    def offsets(self, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """[chunks] the log-ms correction of each chunk (0 where this machine has no prefill of its kind)."""
+        out = np.zeros(len(q))
+        if not self.prefills:
+            return out
+        buckets = size_bucket(q).tolist()
+        for i, (kind, b) in enumerate(zip(kinds(config), buckets, strict=True)):
+            total, count = self.level.get(kind, (0.0, 0.0))
+            mean = total / (count + self.prior)
+            total, count = self.sized.get((kind, b), (0.0, 0.0))
+            out[i] = mean + (total - count * mean) / (count + self.prior)
+        return out

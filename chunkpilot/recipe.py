@@ -1,0 +1,135 @@
+"""The decision: a recipe is a cost model (chunkpilot.cost_models) and a chooser, with its own
+parameters, saved as one folder and read back by `load_recipe`, the one function both training's
+cross-validation and the service call: what is judged is exactly what is served.
+
+The chooser takes the argmin of the members' mean predicted TTFT, unless "do no harm" applies: the
+hand rule's size (whose worst case users already know) stays when the predicted saving over it is
+within `z` standard deviations of the members' disagreement about that saving.
+
+DEFAULT names the recipe `chunkpilot train` registers; the training table shows why (README).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .correction import Correction
+from .cost_models import Adjust, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
+from .features import FEATURES
+
+RECIPE_FILE = "recipe.json"
+
+
+@dataclass(frozen=True)
+class Chooser:
+    z: float = 1.0  # do no harm within z standard deviations of the predicted saving; 0: plain argmin
+
+    def choose(self, members: np.ndarray, rule: int | None) -> tuple[int, bool]:
+        """(the chosen candidate's index, whether do-no-harm sent it to the rule's size) from
+        `members` [K, candidates] log ms; `rule` is the rule's index among the candidates."""
+        mean = members.mean(0)
+        best = int(np.argmin(mean))
+        if self.z <= 0 or rule is None or best == rule:
+            return best, False
+        saving = members[:, rule] - members[:, best]  # [K] each member's own predicted saving
+        if saving.mean() <= self.z * saving.std():
+            return rule, True
+        return best, False
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int  # among the candidates
+    deferred: bool  # do-no-harm took the rule's size
+    log_ms: np.ndarray  # [candidates] the members' mean
+    spread: np.ndarray  # [candidates] the members' standard deviation of log ms
+    gain_sd: np.ndarray  # [candidates] the members' standard deviation of (candidate - choice)
+
+
+@dataclass
+class Recipe:
+    name: str
+    cost: CostModel
+    chooser: Chooser = field(default_factory=Chooser)
+    correction: Correction | None = None  # this machine's, learnt from its prefills (per-chunk only)
+
+    @property
+    def params(self) -> dict:
+        """What makes the recipe: two recipes with equal params train to the same model."""
+        return {"cost": self.cost.kind, "lgbm": self.cost.params, "members": self.cost.size, "z": self.chooser.z}
+
+    def fit(self, data: Measured) -> Recipe:
+        self.cost.fit(data)
+        return self
+
+    def _adjust(self) -> Adjust | None:
+        return None if self.correction is None or not self.correction.prefills else self.correction.offsets
+
+    def chunk_ms(self, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """[chunks] each chunk's predicted ms (members' mean, corrected): what schedules are priced by."""
+        if not isinstance(self.cost, PerChunk):
+            raise ValueError(f"the {self.cost.kind} model has no per-chunk costs")
+        adjust = self._adjust()
+        log_ms = self.cost.chunk_log_ms(config, q, h).mean(0)
+        return np.exp(log_ms if adjust is None else log_ms + adjust(config, q, h))
+
+    def members(self, x: np.ndarray) -> np.ndarray:
+        """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
+        return self.cost.members(x, self._adjust())
+
+    def choose(self, members: np.ndarray, rule: int | None) -> Choice:
+        index, deferred = self.chooser.choose(members, rule)
+        return Choice(index, deferred, members.mean(0), members.std(0), (members - members[:, [index]]).std(0))
+
+    def decide(self, x: np.ndarray, rule: int | None) -> Choice:
+        """One config's candidates, `x` [candidates, FEATURES]: the service's call."""
+        return self.choose(self.members(x), rule)
+
+    def residuals(self, x: np.ndarray, chunk_ms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One measured prefill of the uniform plan `x` [1, FEATURES]: (its chunks' config rows, query
+        tokens, log residuals against the cost model without correction), for Correction.learn."""
+        if not isinstance(self.cost, PerChunk):
+            raise ValueError(f"the {self.cost.kind} model has no per-chunk costs to correct")
+        owner, q, h = expand(x)
+        predicted = self.cost.chunk_log_ms(x[owner], q, h).mean(0)
+        return x[owner], q, np.log(np.asarray(chunk_ms, dtype=float)) - predicted
+
+    def save(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        saved = {"name": self.name, "cost": self.cost.save(folder), "chooser": {"z": self.chooser.z},
+                 "features": list(FEATURES)}  # fmt: skip
+        (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
+        return folder
+
+
+def load_recipe(folder: Path) -> Recipe:
+    """A saved recipe as it serves (ValueError naming what is wrong when it cannot)."""
+    path = Path(folder) / RECIPE_FILE
+    if not path.is_file():
+        raise ValueError(f"{folder} holds no {RECIPE_FILE}: not a ChunkPilot recipe (an older model?)")
+    saved = json.loads(path.read_text())
+    if saved.get("features") != list(FEATURES):
+        raise ValueError(f"recipe {saved.get('name')!r} was trained on {len(saved.get('features', []))} features; "
+                         f"this ChunkPilot builds {len(FEATURES)}: retrain it (chunkpilot train)")  # fmt: skip
+    return Recipe(saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]))
+
+
+# the recipes training judges side by side; DEFAULT is the one registered (see the README's table)
+RECIPES: dict[str, tuple[type[PerChunk] | type[PerCandidate], float]] = {
+    "per-chunk": (PerChunk, 1.0),
+    "per-chunk-argmin": (PerChunk, 0.0),
+    "per-candidate": (PerCandidate, 1.0),
+    "per-candidate-argmin": (PerCandidate, 0.0),
+}
+DEFAULT = "per-chunk"
+
+
+def make_recipe(name: str = DEFAULT, lgbm: dict | None = None) -> Recipe:
+    if name not in RECIPES:
+        raise ValueError(f"recipe {name!r} is not one of {', '.join(RECIPES)}")
+    kind, z = RECIPES[name]
+    return Recipe(name, kind(dict(lgbm or {})), Chooser(z))

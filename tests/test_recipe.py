@@ -1,0 +1,96 @@
+"""The decision core: the chooser's do-no-harm, the recipe judged offline is the recipe served
+(the same choice on every held-out config), and this machine's correction learning from prefills."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from chunkpilot.contract import ChunkRequest
+from chunkpilot.correction import Correction
+from chunkpilot.cost_models import PerChunk, expand
+from chunkpilot.recipe import DEFAULT, Chooser, load_recipe
+from training.baselines import rank_level
+from training.data import load_table
+from training.served import choose_groups, fit_recipes
+from training.train import hardware_table
+
+
+def test_the_chooser_takes_the_argmin_when_the_members_agree_on_the_saving():
+    members = np.log([[100.0, 90.0, 120.0], [101.0, 91.0, 119.0], [99.0, 89.0, 121.0]])  # [K, candidates]
+    assert Chooser(z=1.0).choose(members, rule=0) == (1, False)
+
+
+def test_do_no_harm_keeps_the_rule_when_the_saving_is_inside_the_members_spread():
+    members = np.log([[100.0, 80.0], [100.0, 115.0], [100.0, 95.0]])  # mean saving 3%, members disagree
+    assert Chooser(z=1.0).choose(members, rule=0) == (0, True)
+    assert Chooser(z=0.0).choose(members, rule=0) == (1, False)  # z = 0: the plain argmin
+    assert Chooser(z=1.0).choose(members, rule=None) == (1, False)  # no rule among the candidates
+
+
+def test_rank_level_combines_the_levels_and_the_ranker_by_rank():
+    # levels rank (2, 0, 1), ranker (higher is better) ranks (1, 2, 0): sums 3, 2, 1 -> candidate 2
+    assert rank_level(np.array([3.0, 1.0, 2.0]), np.array([0.5, 0.1, 0.9])) == 2
+    assert rank_level(np.array([1.0, 2.0]), np.array([0.1, 0.9])) == 0  # a tie goes to the lower level
+
+
+@pytest.fixture(scope="module")
+def fold(small_dataset, tmp_path_factory):
+    """The default recipe fitted on half the configs, saved, and the other half to judge."""
+    table = load_table(small_dataset)
+    groups = table.configs.group.to_numpy()
+    train, test = table.subset(groups[::2]), table.subset(groups[1::2])
+    folder = tmp_path_factory.mktemp("recipe")
+    recipe = fit_recipes([DEFAULT], {}, train, folder)[DEFAULT]
+    return table, test, recipe, folder / DEFAULT
+
+
+def test_the_recipe_judged_offline_is_the_recipe_served(fold):
+    """Cross-validation's choice (dataset rows) and the service's answer (a request, its hardware
+    resolved, its features built) are the same chunk on every held-out config."""
+    from predictor.model import Predictor
+
+    table, test, recipe, folder = fold
+    offline = choose_groups(recipe, test).chunks
+    served = Predictor("1", load_recipe(folder), hardware_table(table.rows))
+    for g, rows in test.rows.groupby("group"):
+        request = ChunkRequest.from_row(rows.iloc[0].to_dict()).model_copy(
+            update={"candidates": rows.chunk_size.tolist()}
+        )
+        assert served.decide(request).chunk_size == offline[g], g
+
+
+def test_an_old_or_foreign_recipe_folder_is_refused_with_the_reason(fold, tmp_path):
+    with pytest.raises(ValueError, match="not a ChunkPilot recipe"):
+        load_recipe(tmp_path)
+    _, _, _, folder = fold
+    (tmp_path / "recipe.json").write_text((folder / "recipe.json").read_text().replace('"chunk_size"', '"other"'))
+    with pytest.raises(ValueError, match="retrain it"):
+        load_recipe(tmp_path)
+
+
+def test_the_correction_moves_what_this_machine_measured_and_its_kind_only(fold):
+    table, test, recipe, _ = fold
+    assert isinstance(recipe.cost, PerChunk)
+    rows = test.rows
+    config = (rows.context_length == 400) & (rows.group == rows.group[rows.context_length == 400].iloc[0])
+    measured = test.x[(config & (rows.chunk_size == 64)).to_numpy()]  # [1, FEATURES]
+    larger = test.x[(config & (rows.chunk_size == 128)).to_numpy()]  # the same prompt in chunks of 128
+    other_kind = test.x[(rows.model != rows.model[config].iloc[0]).to_numpy()][:1]  # another model shape
+    before = {name: recipe.members(x).mean() for name, x in (("measured", measured), ("larger", larger),
+                                                             ("other", other_kind))}  # fmt: skip
+    _, q, h = expand(measured)
+    predicted = np.exp(recipe.cost.chunk_log_ms(measured[[0] * len(q)], q, h).mean(0))
+    recipe.correction = Correction()
+    try:
+        for _ in range(20):  # twenty prefills, each chunk twice as slow as predicted
+            recipe.correction.learn(*recipe.residuals(measured, (2 * predicted).tolist()))
+        assert math.log(1.8) < recipe.members(measured).mean() - before["measured"] <= math.log(2.0)
+        assert recipe.members(other_kind).mean() == pytest.approx(before["other"])  # another kind: untouched
+        # never measured here, it moves with the machine's level (and less than the size it measured)
+        moved = recipe.members(larger).mean() - before["larger"]
+        assert math.log(1.3) < moved <= math.log(2.0)
+    finally:
+        recipe.correction = None
