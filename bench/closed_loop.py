@@ -50,7 +50,7 @@ from engine.policy import FixedPolicy
 from engine.predictor_client import AutoPolicy
 from engine.telemetry import Reporter, to_service
 from predictor.model import load_predictor, past_outcomes
-from training.train import train
+from training.train import format_result, train
 
 SHIPPED = Path("data/ttft/cpu-shipped")
 SHAPE_FILE = "data/shapes/wide-shallow.yaml"
@@ -65,16 +65,18 @@ PROBES = [("llama-tiny", 800, None, "shift"), ("llama-tiny", 3000, 1024, "shift"
 # fmt: on
 
 
-def train_into(store: Path, data: Path) -> tuple[str, str]:
-    """`chunkpilot train` on `data` into the MLflow store at `store`; returns (what the gate did, the
-    champion's version after it)."""
+def train_into(store: Path, data: Path, table: bool = False) -> tuple[str, str]:
+    """`chunkpilot train` on `data` into the MLflow store at `store` (with every baseline and
+    printing its table, if asked); returns (what the gate did, the champion's version after it)."""
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
     cwd = os.getcwd()
     os.chdir(store)  # artifacts under store/mlruns
     try:
-        result = train(data)
+        result = train(data, every_baseline=table)  # retrains: the recipes and the quick baselines
     finally:
         os.chdir(cwd)
+    if table:
+        print(format_result(result), flush=True)
     said = f"v{result.version} {result.verdict.alias}: {result.verdict.reason}"
     champion = MlflowClient().get_model_version_by_alias(MODEL_NAME, CHAMPION).version
     return (f"{result.settled}; {said}" if result.settled else said), str(champion)
@@ -130,6 +132,23 @@ def regret(
     return mean_regret(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
 
+def regret_gap(times: Times, ours: dict[int, int], theirs: dict[int, int], seed: int = 0) -> tuple[float, float, float]:
+    """(mean regret of `ours` - that of `theirs` over the probes, its 95% interval): a paired bootstrap
+    over rounds, the same resampled rounds for both policies and every size of a probe."""
+    rounds = min(len(v) for t in times.values() for v in t.values())
+    draws = np.random.default_rng(seed).integers(0, rounds, (2000, rounds))
+
+    def gap(index: np.ndarray) -> float:
+        out = []
+        for i, sizes in times.items():
+            med = {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()}
+            out.append((med[ours[i]] - med[theirs[i]]) / min(med.values()))
+        return float(np.mean(out))
+
+    boot = [gap(d) for d in draws]
+    return gap(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+
+
 def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = None) -> tuple[dict[int, int], int]:
     """(the served recipe's choice for each probe, asked as the engine asks; the prefills its
     correction learnt from): the champion, corrected by the outcomes in `telemetry` as the service
@@ -182,7 +201,7 @@ def main() -> None:
     (work / "store").mkdir()
     (work / "reference").mkdir()
     print("training the champion (v1) and the reference", flush=True)
-    train_into(work / "store", data)
+    train_into(work / "store", data, table=True)
     store_uri = f"sqlite:///{work / 'store' / 'mlflow.db'}"
     reference_uri = store_uri  # this machine has no shipped rows: the reference is the champion
     if (SHIPPED / machine).is_dir():
@@ -208,7 +227,8 @@ def main() -> None:
         for k in range(args.rounds + 1):
             champion = httpx.get(f"{url}/readyz").json()["version"]
             choices, learnt = model_choices(store_uri, hardware, threads, data / "telemetry")
-            row = {"round": k, "version": champion, "champion": regret(times, choices), "learnt": learnt}
+            row = {"round": k, "version": champion, "champion": regret(times, choices), "learnt": learnt,
+                   "choices": choices}  # fmt: skip
             if k == args.rounds:
                 rows.append(row)
                 break
@@ -245,6 +265,16 @@ def main() -> None:
             line += (f"{args.prefills:>9}{r['accepted']:>9.0f}{r['dropped']:>8}{r['rejected']:>9.0f}"
                      f"{r['explored']:>9.0f}{r['share']:>14.2%}")  # fmt: skip
         print(line)
+    last = rows[-1]["choices"]
+    for name, theirs in (
+        ("the hand rule", rule),
+        ("fixed 1024", fixed),
+        ("the served recipe at round 0", rows[0]["choices"]),
+    ):
+        gap, low, high = regret_gap(times, last, theirs)
+        print(
+            f"round {rows[-1]['round']} minus {name}: {gap:+.1%} of mean regret [95% interval {low:+.1%}, {high:+.1%}]"
+        )
     print(f"(round r: the champion after r retrains with its correction learnt from the `learnt` prefills of the "
           "telemetry so far, scored before round r's workload; "
           f"{(time.monotonic() - start) / 60:.1f} min in all)")  # fmt: skip
@@ -264,7 +294,7 @@ def main() -> None:
         for label, value, color in lines:
             ax.axhline(value, linestyle="--", linewidth=1, label=label, color=color)
         ax.set_xticks(ks)
-        ax.set_xlabel("retrains")
+        ax.set_xlabel(f"rounds of {args.prefills} prefills (a retrain after each)")
         ax.set_ylabel("mean regret on the probe set")
         ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         ax.legend(fontsize=8)

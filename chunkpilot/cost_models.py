@@ -11,6 +11,7 @@ uncertainty the chooser (chunkpilot.recipe) weighs a saving against. Implementat
   composes across lengths, and schedules priced by the same numbers. Trains on rows with `chunk_ms`.
 - PerCandidate: LightGBM on log TTFT per (config, size), the correction to the analytic estimate
   (features.base_log_ms). Trains on every row.
+- Analytic: the peers' profiled closed form (vllm-ascend), least squares per model and machine.
 
 Members differ by seed and by bagging rows and features. Fitting and predicting are numpy only (no
 pandas, no torch), so the service and training share these very objects; `save` writes LightGBM's
@@ -20,6 +21,8 @@ text format (never a pickle) and `load` reads it back.
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +32,16 @@ import lightgbm as lgb
 import numpy as np
 
 from .chunk_features import chunk_features
-from .features import FEATURES, MONOTONE, base_log_ms
+from .contract import number
+from .features import FEATURES, MONOTONE, base_log_ms, history_sum, keys_sum
 
-# 120 trees of 15 leaves: as good on held-out configs as 400 of 31 at a third of the serving time
+# 300 trees of 31 leaves: 2.4% / 12.0% mean / p95 held-out regret of the per-chunk recipe on the
+# shipped data against 2.7% / 13.3% with 120 of 15; 600 at half the learning rate gained 0.1 point
+# of mean at twice the serving time (README, Training)
 LGBM = {
-    "num_boost_round": 120,
+    "num_boost_round": 300,
     "learning_rate": 0.1,
-    "num_leaves": 15,
+    "num_leaves": 31,
     "min_data_in_leaf": 5,
     "bagging_fraction": 0.8,
     "bagging_freq": 1,
@@ -62,8 +68,14 @@ def lgb_params(params: dict, seed: int) -> tuple[dict, int]:
     """(LightGBM's parameters for member `seed`, its number of rounds)."""
     merged = {**LGBM, **params}
     rounds = int(merged.pop("num_boost_round"))
-    # one thread: the tables are small, and a second would spin-wait against other work
-    return {"verbose": -1, "num_threads": 1, "seed": seed, "objective": "regression", **merged}, rounds
+    # one thread unless CHUNKPILOT_FIT_THREADS says otherwise: OpenMP threads spin-wait against any
+    # other work (a service, a prefill) and then cost far more than they save; the demo, which trains
+    # alone, uses its cores (a per-chunk fit on the shipped data: 5.1 s on one core, 3.7 s on two).
+    # Predicting passes num_threads=1 itself (a few rows gain nothing from OpenMP).
+    threads = number("CHUNKPILOT_FIT_THREADS", os.environ.get("CHUNKPILOT_FIT_THREADS", "1"), int, ge=1, le=256)
+    # deterministic: the same rows and params give the same model (the promotion gate relies on it)
+    fixed = {"num_threads": threads, "deterministic": True, "force_col_wise": True}
+    return {"verbose": -1, **fixed, "seed": seed, "objective": "regression", **merged}, rounds
 
 
 def expand(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,13 +122,17 @@ def priced_chunks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
         h += [k * c for k in picks]
         weight += weights
         if rest:
-            owner, q, h, weight = [*owner, i], [*q, rest], [*h, full * c], [*weight, 1.0]
+            owner.append(i)
+            q.append(rest)
+            h.append(full * c)
+            weight.append(1.0)
     return np.array(owner), np.array(q, dtype=float), np.array(h, dtype=float), np.array(weight)
 
 
 class CostModel(Protocol):
     kind: str
-    params: dict
+    params: dict  # LightGBM's, over LGBM
+    size: int  # members
 
     def fit(self, data: Measured) -> None: ...
 
@@ -210,10 +226,63 @@ class PerCandidate:
         return model
 
 
-KINDS: dict[str, type[PerChunk] | type[PerCandidate]] = {"per-chunk": PerChunk, "per-candidate": PerCandidate}
+# what the analytic fit keeps apart: the model's shape, the machine, dtype, threads and kernel
+_MACHINE_AND_MODEL = [FEATURES.index(name) for name in (
+    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+    "dtype_bytes", "attn_impl", "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores")]  # fmt: skip
+_W = FEATURES.index("window")
 
 
-def load_cost_model(folder: Path, saved: dict) -> PerChunk | PerCandidate:
+@dataclass
+class Analytic:
+    """vllm-ascend's profiled fit, summed over chunks: TTFT = a*sum C(C+H) + b*N + c*sum H + d, with
+    H the history each chunk attends (capped by the window), least squares per model shape and
+    machine (its descriptors, dtype, threads, kernel); the pooled fit where a pair is unseen. One
+    member: no spread, so its recipe is a plain argmin."""
+
+    params: dict = field(default_factory=dict)  # none: kept for the recipe's params
+    size: int = 1
+    kind: str = "analytic"
+    coef: dict[str, list[float]] = field(default_factory=dict, repr=False)  # key -> coefficients; "" pooled
+
+    @staticmethod
+    def _terms(x: np.ndarray) -> np.ndarray:
+        n, c = x[:, _N], x[:, _C]
+        w = np.where(x[:, _W] > 0, x[:, _W], np.inf)
+        return np.column_stack([keys_sum(n, c, w), n, history_sum(n, c, w), np.ones_like(n)])
+
+    @staticmethod
+    def _keys(x: np.ndarray) -> list[str]:
+        return [",".join(f"{v:g}" for v in row) for row in np.round(x[:, _MACHINE_AND_MODEL], 4).tolist()]
+
+    def fit(self, data: Measured) -> None:
+        terms, keys = self._terms(data.x), np.array(self._keys(data.x))
+        self.coef = {"": np.linalg.lstsq(terms, data.ttft_ms, rcond=None)[0].tolist()}
+        for key in np.unique(keys).tolist():
+            mine = keys == key
+            if mine.sum() >= 4:
+                self.coef[key] = np.linalg.lstsq(terms[mine], data.ttft_ms[mine], rcond=None)[0].tolist()
+
+    def members(self, x: np.ndarray, adjust: Adjust | None = None) -> np.ndarray:
+        if adjust is not None:
+            raise ValueError("the analytic fit predicts whole plans: a per-chunk correction cannot apply")
+        coef = np.array([self.coef.get(key, self.coef[""]) for key in self._keys(x)])  # [rows, 4]
+        return np.log(np.maximum((self._terms(x) * coef).sum(1), 1e-3))[None]
+
+    def save(self, folder: Path) -> dict:
+        (folder / f"{self.kind}.json").write_text(json.dumps(self.coef))
+        return {"kind": self.kind, "params": self.params, "size": self.size}
+
+    @classmethod
+    def load(cls, folder: Path, saved: dict) -> Analytic:
+        return cls(saved["params"], coef=json.loads((folder / f"{cls.kind}.json").read_text()))
+
+
+KINDS: dict[str, type[PerChunk] | type[PerCandidate] | type[Analytic]] = {
+    "per-chunk": PerChunk, "per-candidate": PerCandidate, "analytic": Analytic}  # fmt: skip
+
+
+def load_cost_model(folder: Path, saved: dict) -> PerChunk | PerCandidate | Analytic:
     kind = saved.get("kind")
     if kind not in KINDS:
         raise ValueError(f"cost model kind {kind!r} is not one of {', '.join(KINDS)}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from chunkpilot.contract import ChunkRequest, Hardware, RequestFeatures, quarter_octave
+from chunkpilot.contract import ChunkRequest, Hardware, Outcome, RequestFeatures, quarter_octave
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
 from .policy import Decision, RulePolicy
@@ -190,6 +190,15 @@ class InProcessPolicy(Observing):
         from predictor.model import load_predictor
 
         self.predictor = load_predictor(self.tracking_uri, self.model_name, self.alias)
+
+    def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
+        """Reported as telemetry (if a reporter is set), and learnt by the loaded recipe's correction at once."""
+        super().observe(request, result)
+        if result.schedule is None:
+            try:
+                self.predictor.learn([Outcome.model_validate(outcome(ask(request, self.hardware), result))])
+            except ValueError:  # an outcome the contract refuses teaches nothing (the service would refuse it too)
+                pass
 
     def choose(self, request: RequestFeatures) -> Decision:
         from predictor.model import Infeasible

@@ -2,8 +2,9 @@
 service may answer another candidate instead: the waiting challenger's choice where it differs (so
 that the gate can compare the two models on measured prefills, registry.settle), else the candidate
 whose measurement is expected to gain the most (Answer.gains: the expected improvement over the
-choice under the members' spread, so a candidate predicted slightly slower but very uncertain is
-worth more than a runner-up the ensemble agrees on). Either only while the extra TTFT exploring has
+choice under the members' spread of the gap, at least predictor.model.GAP_SD_FLOOR, so a candidate
+predicted slightly slower but very uncertain is worth more than a runner-up the ensemble agrees on).
+Either only while the extra TTFT exploring has
 cost so far, by the model's own predictions, stays within `budget` of the TTFT it has served: the
 bound is spent <= budget x served (predicted; the measured extra is reported by the closed-loop bench),
 and never twice running for the same kind of request, so that the choice itself is measured too.
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .model import Answer
 
-MIN_GAIN = 0.002  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
+MIN_GAIN = 0.0005  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
 
 
 @dataclass

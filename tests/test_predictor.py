@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from servers import free_port, serve
 
-from chunkpilot.contract import PRESETS, AttentionConfig, RequestFeatures
+from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
 from engine.predictor_client import AutoPolicy, Breaker, InProcessPolicy
 from predictor.app import create_app
 from predictor.settings import Settings
@@ -185,6 +185,14 @@ def test_in_process_mode_gives_the_same_choice(server, trained_store):
     assert (local.source, local.chunk_size, local.model_version) == ("in-process", over_http.chunk_size, "1")
 
 
+def test_in_process_auto_learns_from_its_own_prefills(trained_store, engines):
+    from engine.engine import Prompt
+
+    engine, policy = engines("llama-tiny"), InProcessPolicy(trained_store, Hardware(**HARDWARE))
+    engine.run(engine.prompt_text(Prompt(num_tokens=600)), 600, AttentionConfig(None), policy)
+    assert policy.predictor.info["learnt_from_prefills"] == 1  # no retrain, no service
+
+
 def test_the_served_decision_follows_the_trained_recipe(trained_store):
     """The champion's own predictions; only the recipe's chooser (do-no-harm's z) changes the answer."""
     import dataclasses
@@ -314,3 +322,34 @@ def test_demo_comparison_table(server):
     assert "auto decided from: service" in lines[5]  # asked once per prompt, before measuring
     assert lines[6].startswith("auto vs hand rule:") and "95% CI [" in lines[6]
     assert lines[7].startswith("auto vs fixed 1024:")
+
+
+def test_the_demo_s_learning_phase_teaches_the_service_its_prefills(trained_store, tmp_path):
+    from chunkpilot.cli.demo import learn_with_service
+    from engine.evaluate import PromptCase
+
+    with serve(create_app(settings(trained_store, telemetry_dir=tmp_path))) as url:
+        said = learn_with_service("llama-tiny", url, [PromptCase(300), PromptCase(500, 64, "ring")], passes=2)
+        assert said.startswith("learning from 4 prefills") and "0 dropped" in said
+        assert httpx.get(f"{url}/v1/model").json()["learnt_from_prefills"] == 4
+
+
+def test_a_model_registered_before_recipes_is_refused_with_the_reason(tmp_path, monkeypatch):
+    """An older ChunkPilot registered a bare LightGBM booster: the service does not serve it and says
+    how to mend it (the promotion gate replaces it: tests/test_training.py)."""
+    import lightgbm as lgb
+    import mlflow
+    import numpy as np
+
+    uri = f"sqlite:///{tmp_path / 'old.db'}"
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(uri)
+    rng = np.random.default_rng(0)
+    booster = lgb.train({"verbose": -1}, lgb.Dataset(rng.random((50, 3)), rng.random(50)), num_boost_round=2)
+    with mlflow.start_run(experiment_id=mlflow.MlflowClient(uri).create_experiment("older")):
+        mlflow.lightgbm.log_model(booster, name="model", registered_model_name="chunk-size-predictor")
+    mlflow.MlflowClient(uri).set_registered_model_alias("chunk-size-predictor", "champion", "1")
+    with serve(create_app(settings(uri))) as url:
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 503 and "holds no recipe" in ready.json()["reason"]
+        assert "retrain it" in ready.json()["reason"]

@@ -55,6 +55,7 @@ def test_bad_datasets_are_refused_in_one_line(tmp_path, small_dataset, capsys, s
     assert "not a readable Parquet file" in one_line_error(capsys, ["train", "--data", str(broken)])
     assert "n_estimators" in one_line_error(capsys, ["train", "--data", str(small_dataset), "--n-estimators", "0"])
     assert "search_minutes" in one_line_error(capsys, ["train", "--data", str(small_dataset), "--search-minutes", "-1"])
+    assert "recipe: must be one of per-chunk" in one_line_error(capsys, ["train", "--recipe", "best"])
 
 
 def test_every_policy_chooses_a_measured_feasible_chunk(small_dataset):

@@ -1,5 +1,5 @@
 """The baselines a recipe must beat, fitted on training configs and asked about held-out ones:
-fixed sizes, the hand rule, the analytic fit, lookups, a classifier, a ranker, and the regressor
+fixed sizes, the hand rule, lookups, a classifier, a ranker, and the regressor
 with the ranker's order that was served before recipes (rank+level). Each returns, per held-out
 group, the chosen chunk size among that group's measured (feasible) candidates. The served
 recipes themselves are judged through training/served.py."""
@@ -15,7 +15,7 @@ import pandas as pd
 
 from chunkpilot.contract import fit_chunk, rule_candidate
 from chunkpilot.cost_models import PerCandidate
-from chunkpilot.features import FEATURES, history_sum, keys_sum
+from chunkpilot.features import FEATURES
 
 from .data import Table
 
@@ -86,22 +86,16 @@ class BestFixed(FixedChunk):
         self.name = "best-fixed"
 
     def fit(self, train: Table) -> None:
-        groups = list(train.rows.groupby("group", sort=False))
-        best = {g: r.ttft_ms.min() for g, r in groups}
+        configs = [
+            (r.chunk_size.to_numpy(), r.ttft_ms.to_numpy(), int(first.context_length), int(first.window) or None,
+             first.layout)
+            for _, r in train.rows.groupby("group", sort=False)
+            for first in [r.iloc[0]]
+        ]  # fmt: skip
 
         def mean_regret(size: int) -> float:
-            return float(
-                np.mean(
-                    [
-                        r.ttft_ms.to_numpy()[
-                            r.chunk_size.to_numpy() == closest_measured(r.chunk_size.to_numpy(), limited(r, size))
-                        ][0]
-                        / best[g]
-                        - 1
-                        for g, r in groups
-                    ]
-                )
-            )
+            return float(np.mean([ttft[chunks == closest_measured(chunks, fit_chunk(size, n, window, layout))][0]
+                                  / ttft.min() - 1 for chunks, ttft, n, window, layout in configs]))  # fmt: skip
 
         self.size = min(sorted(train.rows.chunk_size.unique()), key=mean_regret)
 
@@ -121,35 +115,6 @@ def argmin_per_group(test: Table, predicted: np.ndarray) -> dict[str, int]:
         {"group": test.rows.group.to_numpy(), "chunk": test.rows.chunk_size.to_numpy(), "p": predicted}
     )
     return {g: int(r.chunk.iloc[int(np.argmin(r.p.to_numpy()))]) for g, r in frame.groupby("group", sort=False)}
-
-
-class AnalyticFit:
-    """vllm-ascend's profiled fit, summed over chunks: TTFT = a*sum C(C+H) + b*N + c*sum H + d,
-    with H the history each chunk attends (capped by the window), least squares per
-    (model, machine, dtype, threads, kernel) group; the pooled fit where a group is unseen."""
-
-    name = "analytic-fit"
-    KEYS = ["model", "hardware_id", "dtype", "threads", "attn_impl"]
-
-    @staticmethod
-    def _terms(rows: pd.DataFrame) -> np.ndarray:
-        n = rows.context_length.to_numpy(float)
-        c = np.minimum(rows.chunk_size.to_numpy(float), n)
-        w = np.where(rows.window.to_numpy() > 0, rows.window.to_numpy(float), np.inf)
-        return np.column_stack([keys_sum(n, c, w), n, history_sum(n, c, w), np.ones_like(n)])
-
-    def fit(self, train: Table) -> None:
-        def solve(rows: pd.DataFrame) -> np.ndarray:
-            return np.linalg.lstsq(self._terms(rows), rows.ttft_ms.to_numpy(), rcond=None)[0]
-
-        self.pooled = solve(train.rows)
-        self.coef = {key: solve(r) for key, r in train.rows.groupby(self.KEYS) if len(r) >= 4}
-
-    def choose(self, test: Table) -> Choice:
-        predicted = np.empty(len(test.rows))
-        for key, r in test.rows.groupby(self.KEYS):
-            predicted[r.index.to_numpy()] = self._terms(r) @ self.coef.get(key, self.pooled)
-        return Choice(argmin_per_group(test, predicted), np.maximum(predicted, 1e-3))
 
 
 def _config_matrix(table: Table) -> tuple[np.ndarray, pd.DataFrame]:
@@ -192,7 +157,8 @@ class ChunkClassifier:
         self.classes = np.unique(labels)
         self.single = self.classes[0] if len(self.classes) == 1 else None
         if self.single is None:
-            self.model = lgb.LGBMClassifier(**quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
+            # 100 trees a class: a dozen classes make this the slowest baseline to cross-validate
+            self.model = lgb.LGBMClassifier(**quiet_lgb(n_estimators=100, learning_rate=0.1, min_child_samples=3))
             with warnings.catch_warnings():  # few configs per best size is this baseline's nature, not news
                 warnings.filterwarnings("ignore", message="The number of unique classes")
                 self.model.fit(x, np.searchsorted(self.classes, labels))
@@ -265,6 +231,9 @@ class RankLevel:
         return Choice(chunks, np.exp(level))
 
 
-def baselines() -> list:
-    return [FixedChunk(1024), BestFixed(), HandRule(), AnalyticFit(), NearestConfig(), ChunkClassifier(), ChunkRanker(),
-            RankLevel()]  # fmt: skip
+def baselines(every: bool = True) -> list:
+    """Every baseline, or (every=False) the ones a user compares against and that cost seconds to
+    cross-validate: fixed 1024, the best fixed size, the hand rule. (The analytic fit is a recipe:
+    chunkpilot.recipe.RECIPES.)"""
+    quick = [FixedChunk(1024), BestFixed(), HandRule()]
+    return quick + [NearestConfig(), ChunkClassifier(), ChunkRanker(), RankLevel()] if every else quick

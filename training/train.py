@@ -148,10 +148,11 @@ def train(
     search_minutes: float = 0.0,
     source: str | None = None,
     recipe: str = DEFAULT,
+    every_baseline: bool = True,
 ) -> TrainResult:
-    """Cross-validate every baseline and recipe on the same slices, each its own run; then fit
-    `recipe` on all rows, pass the gate, log and register. `params`: LightGBM's, over the cost
-    models' defaults; `source`: where the data came from, for the runs' lineage (default: `data`)."""
+    """Cross-validate every baseline (or the quick ones) and recipe on the same slices, each its own
+    run; then fit `recipe` on all rows, pass the gate, log and register. `params`: LightGBM's, over
+    the cost models' defaults; `source`: where the data came from, for the runs' lineage."""
     source = source or str(data)
     import mlflow
     from mlflow import MlflowClient
@@ -166,7 +167,7 @@ def train(
     if search_minutes > 0:
         lgbm, trials = search(recipe, lgbm, table, slices, search_minutes)
     judged = {}
-    for policy in baselines():
+    for policy in baselines(every_baseline):
         judged.update(cross_validate(fitted(lambda p=policy: p), table, slices))
     judged.update(cross_validate(served_fit(list(RECIPES), lgbm), table, slices))
     frames = {name: frame for name, (frame, _) in judged.items()}
@@ -207,7 +208,7 @@ def train(
 
 
 def train_from_tracking(
-    experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0
+    experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0, recipe: str = DEFAULT
 ) -> tuple[Gathered, TrainResult]:
     """`train` on every partition the fleet published to the tracking server (chunkpilot/fleet.py):
     each machine's profiled configs and the services' telemetry batches."""
@@ -218,18 +219,23 @@ def train_from_tracking(
         with quiet_mlflow():
             gathered = gather(MlflowClient(uri), Path(tmp) / "ttft", user_cache_dir() / "partitions")
         source = f"{uri} ({len(gathered.runs)} publishing runs)"
-        return gathered, train(gathered.root, experiment, params, search_minutes, source)
+        return gathered, train(gathered.root, experiment, params, search_minutes, source, recipe)
 
 
 def train_and_report(
-    data: Path | None, experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0
+    data: Path | None,
+    experiment: str = "chunk-size",
+    params: dict | None = None,
+    search_minutes: float = 0.0,
+    recipe: str = DEFAULT,
+    every_baseline: bool = True,
 ) -> str:
-    """What `chunkpilot train` and `retrain` print: trained on the folder `data`, or (None) on what
-    the fleet published to the tracking server."""
+    """What `chunkpilot train`, `retrain` and the demo print: trained on the folder `data`, or
+    (None) on what the fleet published to the tracking server."""
     if data is None:
-        gathered, result = train_from_tracking(experiment, params, search_minutes)
+        gathered, result = train_from_tracking(experiment, params, search_minutes, recipe)
         return f"{_format_gathered(gathered)}\n{format_result(result)}"
-    return format_result(train(data, experiment, params, search_minutes))
+    return format_result(train(data, experiment, params, search_minutes, recipe=recipe, every_baseline=every_baseline))
 
 
 def _format_gathered(gathered: Gathered) -> str:
@@ -245,7 +251,7 @@ def format_result(result: TrainResult) -> str:
     policies = [served, *[n for n in result.metrics if n != served]]
     slice_names = list(result.metrics[served])
     lines = [f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s; "
-             f"served recipe: {served} (chunkpilot.recipe.DEFAULT)"]  # fmt: skip
+             f"registered recipe: {served} (marked *)"]  # fmt: skip
     for metric, what in (("mean_regret", "mean regret"), ("p95_regret", "p95 regret")):
         lines += [
             "",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from chunkpilot.contract import number
+from chunkpilot.contract import ConfigError, number
 
 HELP = "train the chunk-size model, log it and its baselines to MLflow, register a champion"
 
@@ -23,6 +23,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-leaves", help="LightGBM leaves per tree (default 15)")
     parser.add_argument("--learning-rate", help="LightGBM learning rate (default 0.1)")
     parser.add_argument("--search-minutes", help="budget of a random hyperparameter search (default: no search)")
+    parser.add_argument("--recipe", help="the recipe to register (chunkpilot.recipe.RECIPES; default: DEFAULT)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,8 +38,14 @@ def run(args: argparse.Namespace) -> int:
         0.0 if args.search_minutes is None else number("search_minutes", args.search_minutes, float, gt=0, le=24 * 60)
     )
 
+    from chunkpilot.recipe import DEFAULT, RECIPES
+
+    recipe = args.recipe or DEFAULT
+    if recipe not in RECIPES:
+        raise ConfigError("recipe", f"must be one of {', '.join(RECIPES)}; got {recipe!r}")
+
     from training.train import train_and_report
 
     data = None if args.from_tracking else args.data
-    print(train_and_report(data, args.experiment, params, search_minutes))
+    print(train_and_report(data, args.experiment, params, search_minutes, recipe))
     return 0
