@@ -113,40 +113,28 @@ def probe_times(engines: dict[str, Engine], rounds: int, machine: str, path: Pat
     return times
 
 
-def regret(
-    times: dict[int, dict[int, list[float]]], choices: dict[int, int], seed: int = 0
-) -> tuple[float, float, float]:
-    """(mean regret over the probes, 95% bootstrap interval over rounds): median TTFT of the choice
-    over the best size's median, the same resampled rounds for every size of a probe."""
+def bootstrapped(times: Times, per_probe, resamples: int, seed: int = 0) -> tuple[float, float, float]:
+    """(mean over the probes of `per_probe(i, medians)`, its 95% interval): a bootstrap over rounds,
+    the same resampled rounds for every size of every probe (so paired between policies)."""
     rounds = min(len(v) for t in times.values() for v in t.values())
-    draws = np.random.default_rng(seed).integers(0, rounds, (1000, rounds))
+    draws = np.random.default_rng(seed).integers(0, rounds, (resamples, rounds))
 
-    def mean_regret(index: np.ndarray) -> float:
-        out = []
-        for i, sizes in times.items():
-            med = {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()}
-            out.append(med[choices[i]] / min(med.values()) - 1)
-        return float(np.mean(out))
+    def mean(index: np.ndarray) -> float:
+        return float(np.mean([per_probe(i, {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()})
+                              for i, sizes in times.items()]))  # fmt: skip
 
-    boot = [mean_regret(d) for d in draws]
-    return mean_regret(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+    boot = [mean(d) for d in draws]
+    return mean(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+
+
+def regret(times: Times, choices: dict[int, int], seed: int = 0) -> tuple[float, float, float]:
+    """(mean regret over the probes, 95% interval): median TTFT of the choice over the best size's."""
+    return bootstrapped(times, lambda i, med: med[choices[i]] / min(med.values()) - 1, 1000, seed)
 
 
 def regret_gap(times: Times, ours: dict[int, int], theirs: dict[int, int], seed: int = 0) -> tuple[float, float, float]:
-    """(mean regret of `ours` - that of `theirs` over the probes, its 95% interval): a paired bootstrap
-    over rounds, the same resampled rounds for both policies and every size of a probe."""
-    rounds = min(len(v) for t in times.values() for v in t.values())
-    draws = np.random.default_rng(seed).integers(0, rounds, (2000, rounds))
-
-    def gap(index: np.ndarray) -> float:
-        out = []
-        for i, sizes in times.items():
-            med = {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()}
-            out.append((med[ours[i]] - med[theirs[i]]) / min(med.values()))
-        return float(np.mean(out))
-
-    boot = [gap(d) for d in draws]
-    return gap(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
+    """(mean regret of `ours` - that of `theirs` over the probes, its 95% interval), paired."""
+    return bootstrapped(times, lambda i, med: (med[ours[i]] - med[theirs[i]]) / min(med.values()), 2000, seed)
 
 
 def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = None) -> tuple[dict[int, int], int]:
