@@ -31,23 +31,23 @@ import httpx
 import numpy as np
 from mlflow import MlflowClient
 
-from chunkpilot.cli.processes import free_port, start_service, wait_ready
 from chunkpilot.contract import (
     DEFAULT_CHUNKS,
     PRESETS,
     AttentionConfig,
     ChunkRequest,
     ModelShape,
+    clamp_chunk,
     feasible_chunks,
-    fit_chunk,
-    hand_rule,
+    rule_size,
 )
 from chunkpilot.registry import CHAMPION, MODEL_NAME
+from cli.processes import free_port, start_service, wait_ready
 from engine.engine import Engine, EngineConfig, Prompt
 from engine.hardware import fingerprint, local_hardware
-from engine.measure import interleaved
+from engine.measure import interleaved, resampled_rounds
 from engine.policy import FixedPolicy
-from engine.predictor_client import AutoPolicy
+from engine.predictor_client import AutoPolicy, make_auto
 from engine.telemetry import Reporter, to_service
 from predictor.model import load_predictor, past_outcomes
 from training.train import format_result, train
@@ -117,7 +117,7 @@ def bootstrapped(times: Times, per_probe, resamples: int, seed: int = 0) -> tupl
     """(mean over the probes of `per_probe(i, medians)`, its 95% interval): a bootstrap over rounds,
     the same resampled rounds for every size of every probe (so paired between policies)."""
     rounds = min(len(v) for t in times.values() for v in t.values())
-    draws = np.random.default_rng(seed).integers(0, rounds, (resamples, rounds))
+    draws = resampled_rounds(rounds, resamples, np.random.default_rng(seed))
 
     def mean(index: np.ndarray) -> float:
         return float(np.mean([per_probe(i, {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()})
@@ -200,8 +200,8 @@ def main() -> None:
     threads = engines[MODELS[0]].runtime.threads
     hardware = local_hardware("float32", threads)
     times = probe_times(engines, args.probe_rounds, machine, args.probe_times)
-    fixed = {i: fit_chunk(1024, n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
-    rule = {i: fit_chunk(hand_rule(n), n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
+    fixed = {i: clamp_chunk(1024, n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
+    rule = {i: rule_size(n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
     reference = regret(times, model_choices(reference_uri, hardware, threads)[0])
 
     port = free_port()
@@ -220,7 +220,7 @@ def main() -> None:
             if k == args.rounds:
                 rows.append(row)
                 break
-            policy = AutoPolicy(url, 0.5, hardware, reporter=Reporter(to_service(url), capacity=4096))
+            policy = make_auto(hardware, service=url, timeout_s=0.5, reporter=Reporter(to_service(url), capacity=4096))
             served = workload(engines, policy, args.prefills, rng)
             policy.close()
             metrics = httpx.get(f"{url}/metrics").text

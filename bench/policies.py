@@ -21,7 +21,7 @@ from engine.engine import Engine, EngineConfig
 from engine.evaluate import PromptCase, evaluate, format_evaluation
 from engine.hardware import local_hardware
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
-from engine.predictor_client import InProcessPolicy
+from engine.predictor_client import make_auto
 
 PROMPTS = {
     "llama-tiny": [
@@ -44,7 +44,7 @@ def main() -> None:
     start = time.monotonic()
     for model in args.models.split(","):
         engine = Engine(EngineConfig(model=model))
-        auto = InProcessPolicy(tracking_uri(), local_hardware(engine.config.dtype, engine.runtime.threads))
+        auto = make_auto(local_hardware(engine.config.dtype, engine.runtime.threads), tracking=tracking_uri())
         policies = {
             "auto": auto,
             "fixed 1024": FixedPolicy(1024, capped=True),

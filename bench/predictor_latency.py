@@ -130,7 +130,7 @@ def over_http(
 
 
 def main() -> None:
-    from chunkpilot.cli.processes import free_port, start_service, wait_ready
+    from cli.processes import free_port, start_service, wait_ready
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per HTTP row")

@@ -24,7 +24,7 @@ from engine.engine import Engine, EngineConfig, Prompt
 from engine.hardware import local_hardware
 from engine.measure import interleaved, median_ratio
 from engine.policy import ChunkPolicy, FixedPolicy, SchedulePolicy
-from engine.predictor_client import InProcessPolicy
+from engine.predictor_client import make_auto
 
 # (tokens, window, layout): with and without windows
 PROMPTS = [(4000, None, "shift"), (8000, None, "shift"), (6000, 1024, "shift"), (8000, 2048, "ring")]
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     engine = Engine(EngineConfig(model=args.model))
-    auto = InProcessPolicy(tracking_uri(), local_hardware("float32", engine.runtime.threads), schedule=True)
+    auto = make_auto(local_hardware("float32", engine.runtime.threads), tracking=tracking_uri(), schedule=True)
     if auto.predictor.chunk_cost is None:
         raise SystemExit("the champion has no per-chunk cost model: retrain on data with per-chunk times")
     rng = np.random.default_rng(0)

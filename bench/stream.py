@@ -15,11 +15,11 @@ import statistics
 
 import numpy as np
 
-from chunkpilot.cli.processes import free_port, start_service, wait_ready
 from chunkpilot.contract import AttentionConfig
+from cli.processes import free_port, start_service, wait_ready
 from engine.engine import Engine, EngineConfig, Prompt
 from engine.hardware import local_hardware
-from engine.predictor_client import AutoPolicy
+from engine.predictor_client import make_auto
 from engine.stream import StreamRequest, stream
 
 # the deployment's prompts: lengths that differ, windows on some (each a bucket of its own)
@@ -28,7 +28,7 @@ PROMPTS = [(900, None), (4100, 1024), (2300, None), (6200, 2048), (1400, 512), (
 
 
 def run_once(engine: Engine, url: str, hardware, batch: list[StreamRequest], overlap: bool) -> list:
-    policy = AutoPolicy(url, 0.5, hardware)
+    policy = make_auto(hardware, service=url, timeout_s=0.5)
     try:
         return list(stream(engine, batch, policy, overlap))
     finally:

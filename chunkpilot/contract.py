@@ -253,8 +253,8 @@ class RequestFeatures(Contract):
     def max_chunk(self) -> int:
         return max_chunk(self.context_length, self.attention.window, self.attention.layout)
 
-    def fit(self, chunk: int) -> int:
-        return fit_chunk(chunk, self.context_length, self.attention.window, self.attention.layout)
+    def clamp(self, chunk: int) -> int:
+        return clamp_chunk(chunk, self.context_length, self.attention.window, self.attention.layout)
 
     def row(self, hardware: Mapping[str, Any]) -> dict[str, Any]:
         """The dataset's config columns (the feature builder's input, less the chunk size): the profiler
@@ -371,7 +371,7 @@ def quarter_octave(context_length: int) -> int:
     return round(4 * math.log2(context_length))
 
 
-def spread(count: int, context_length: int) -> list[int]:
+def spread_positions(count: int, context_length: int) -> list[int]:
     """`count` global-token positions spread evenly over a prompt (the profiler's, and the engine's
     when only a count is given)."""
     return sorted({(i + 1) * context_length // (count + 1) for i in range(count)})
@@ -383,17 +383,22 @@ def uniform(context_length: int, chunk: int) -> list[int]:
     return [chunk] * whole + ([rest] if rest else [])
 
 
-def fit_chunk(chunk: int, context_length: int, window: int | None, layout: str) -> int:
+def clamp_chunk(chunk: int, context_length: int, window: int | None, layout: str) -> int:
     """`chunk` cut to what the config allows: how the engine applies a fixed size, the hand rule or
     a cached answer, and how training and the profiler's summary score them."""
     return min(chunk, max_chunk(context_length, window, layout))
+
+
+def rule_size(context_length: int, window: int | None, layout: str) -> int:
+    """The hand rule's size as the engine applies it: cut to what the config allows."""
+    return clamp_chunk(hand_rule(context_length), context_length, window, layout)
 
 
 def rule_candidate(sizes: list[int], context_length: int, window: int | None, layout: str) -> int:
     """The candidate the hand rule lands on: its size cut to what the config allows, else the largest
     candidate below that, else the smallest. The one place the rule meets a list of candidates:
     training scores it, and the recipe's do-no-harm and the service's answer use it."""
-    rule = fit_chunk(hand_rule(context_length), context_length, window, layout)
+    rule = rule_size(context_length, window, layout)
     below = [size for size in sizes if size <= rule]
     return max(below) if below else min(sizes)
 

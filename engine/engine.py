@@ -16,7 +16,7 @@ from chunkpilot.contract import (
     Dtype,
     RequestFeatures,
     number,
-    spread,
+    spread_positions,
     uniform,
 )
 
@@ -120,8 +120,8 @@ class Engine:
         self.config = config
         runtime.configure(config.threads, config.device)
         self.device = torch.device(config.device)
-        self.loaded = load_model(config.model, config.dtype, config.seed)
-        self.model = self.loaded.model.to(self.device)
+        self.loaded = load_model(config.model, config.dtype, config.seed, config.device)
+        self.model = self.loaded.model
         if config.compile:
             self.model.forward = torch.compile(self.model.forward, dynamic=True)
         self.shape = self.loaded.shape
@@ -176,7 +176,7 @@ class Engine:
         t1 = clock_ms(self.device)
         n = self.check_context(len(ids))
         if global_tokens is None:
-            positions = spread(attention.global_tokens, n)
+            positions = spread_positions(attention.global_tokens, n)
         else:
             positions = global_tokens.resolve(ids, lambda marker: self.tokenizer.encode(marker).ids)
             attention = AttentionConfig(**{**attention.model_dump(), "global_tokens": len(positions)})

@@ -21,7 +21,7 @@ import numpy as np
 
 from chunkpilot.contract import DEFAULT_CHUNKS, AttentionConfig, ConfigError, feasible_chunks
 
-from .measure import interleaved
+from .measure import interleaved, resampled_rounds
 from .policy import ChunkPolicy, FixedPolicy
 
 RESAMPLES = 2000
@@ -95,7 +95,7 @@ def _choose(policy: ChunkPolicy, engine, case: PromptCase) -> tuple[int, str] | 
 def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
     """Paired bootstrap over rounds: one draw of round indices serves every prompt, size and policy."""
     rounds = min(len(t) for p in prompts for t in p.times.values())
-    draws = np.random.default_rng(seed).integers(0, rounds, (RESAMPLES, rounds))  # [B, R]
+    draws = resampled_rounds(rounds, RESAMPLES, np.random.default_rng(seed))  # [B, R]
     out = []
     for policy, reference in pairs:
         both = [p for p in prompts if policy in p.choices and reference in p.choices]

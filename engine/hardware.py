@@ -18,7 +18,8 @@ import transformers
 from chunkpilot.cache import user_cache_dir
 from chunkpilot.contract import Hardware
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from .models import DTYPES
+from .runtime import synchronize
 
 
 def _cpu_name() -> str:
@@ -82,27 +83,32 @@ def fingerprint(device: str = "cpu") -> dict:
     }
 
 
-def _median_ms(fn, repeats: int = 7) -> float:
+def _median_ms(fn, device: torch.device, repeats: int = 7) -> float:
     fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
+        synchronize(device)  # a GPU runs asynchronously: the clock must wait for the work
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
 
 
-def measure_descriptors(dtype: str, threads: int) -> dict:
+def measure_descriptors(dtype: str, threads: int, device: str = "cpu") -> dict:
     """Matmul GFLOP/s at the dtype, copy bandwidth GB/s, and the ms of a one-token forward of a
-    one-layer model (Python + framework overhead per call), at `threads`."""
+    one-layer model (Python + framework overhead per call), at `threads`. A GPU gets operands big
+    enough to reach its throughput (1024 on a CPU, 8192 on a GPU)."""
+    dev = torch.device(device)
+    size, copy_mib = (1024, 64) if dev.type == "cpu" else (8192, 1024)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a = torch.randn(1024, 1024, dtype=DTYPES[dtype])
-        gflops = 2 * 1024**3 / (_median_ms(lambda: a @ a) / 1e3) / 1e9
-        src = torch.empty(64 * 2**20, dtype=torch.uint8)
+        a = torch.randn(size, size, dtype=DTYPES[dtype], device=dev)
+        gflops = 2 * size**3 / (_median_ms(lambda: a @ a, dev) / 1e3) / 1e9
+        src = torch.empty(copy_mib * 2**20, dtype=torch.uint8, device=dev)
         dst = torch.empty_like(src)
-        bandwidth = 2 * src.nbytes / (_median_ms(lambda: dst.copy_(src)) / 1e3) / 1e9  # read + write
+        bandwidth = 2 * src.nbytes / (_median_ms(lambda: dst.copy_(src), dev) / 1e3) / 1e9  # read + write
         config = transformers.LlamaConfig(
             vocab_size=256,
             hidden_size=64,
@@ -111,10 +117,10 @@ def measure_descriptors(dtype: str, threads: int) -> dict:
             num_attention_heads=2,
             num_key_value_heads=2,
         )
-        tiny = transformers.AutoModelForCausalLM.from_config(config).eval()
-        ids = torch.zeros(1, 1, dtype=torch.long)
+        tiny = transformers.AutoModelForCausalLM.from_config(config).to(dev).eval()
+        ids = torch.zeros(1, 1, dtype=torch.long, device=dev)
         with torch.inference_mode():
-            overhead = _median_ms(lambda: tiny(input_ids=ids, use_cache=False), repeats=21)
+            overhead = _median_ms(lambda: tiny(input_ids=ids, use_cache=False), dev, repeats=21)
     finally:
         torch.set_num_threads(previous)
     return {"matmul_gflops": gflops, "bandwidth_gbs": bandwidth, "call_overhead_ms": overhead}
@@ -135,7 +141,7 @@ def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", 
                 file=sys.stderr,
                 flush=True,
             )
-        cached[key] = measure_descriptors(dtype, threads)
+        cached[key] = measure_descriptors(dtype, threads, device)
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))

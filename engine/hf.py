@@ -16,7 +16,7 @@ from chunkpilot.contract import AttentionConfig, RequestFeatures
 from .hardware import local_hardware
 from .models import DTYPES, shape_of
 from .policy import ChunkPolicy, Decision
-from .predictor_client import AutoPolicy, InProcessPolicy
+from .predictor_client import make_auto
 
 
 def dtype_name(model: PreTrainedModel) -> str:
@@ -27,8 +27,8 @@ def auto_policy(model: PreTrainedModel, predictor: str, timeout_s: float = 0.05)
     """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
     hardware = local_hardware(dtype_name(model), torch.get_num_threads(), model.device.type)
     if predictor.startswith(("http://", "https://")):
-        return AutoPolicy(predictor, timeout_s, hardware)
-    return InProcessPolicy(predictor, hardware)
+        return make_auto(hardware, service=predictor, timeout_s=timeout_s)
+    return make_auto(hardware, tracking=predictor)
 
 
 def prefill_chunk_size(model: PreTrainedModel, num_tokens: int, policy: ChunkPolicy) -> Decision:

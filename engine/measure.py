@@ -37,11 +37,17 @@ def spread(values: list[float]) -> tuple[float, float]:
     return q3 - q1, statistics.pstdev(values) / statistics.fmean(values)
 
 
+def resampled_rounds(rounds: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """[B, R] round indices drawn with replacement: the one bootstrap of the project. Every quantity
+    compared (candidates, policies, prompts) is read at the same draws, so the interval is paired
+    and drift between rounds cancels."""
+    return rng.integers(0, rounds, (resamples, rounds))
+
+
 def median_ratio(a: list[float], b: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
-    """median(a) / median(b) over paired passes, and its bootstrap 95% interval (passes resampled
-    together, so drift between passes cancels)."""
+    """median(a) / median(b) over paired passes, and its bootstrap 95% interval."""
     a_, b_ = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    draws = rng.integers(0, len(a_), (2000, len(a_)))
+    draws = resampled_rounds(len(a_), 2000, rng)
     boot = np.median(a_[draws], axis=1) / np.median(b_[draws], axis=1)
     low, high = np.quantile(boot, [0.025, 0.975])
     return float(np.median(a_) / np.median(b_)), float(low), float(high)

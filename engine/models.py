@@ -91,11 +91,18 @@ def shape_of(config: PretrainedConfig) -> ModelShape:
     return ModelShape(family=family, window=window, global_every=global_every, tie_embeddings=tied, **fields)
 
 
-def build_model(shape: ModelShape, seed: int = 0) -> PreTrainedModel:
-    """Random weights, the same for the same shape and seed, without touching the global RNG."""
-    with torch.random.fork_rng(devices=[]):
+def build_model(shape: ModelShape, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
+    """Random weights, the same for the same shape, seed and device, without touching the global RNG.
+    On CPU they are drawn in float32 and cast (the same weights in every dtype); on a GPU drawn in
+    place in the dtype, since a 7B model's float32 copy on the host would cost minutes and 28 GB."""
+    config = hf_config(shape)
+    devices = [] if device == "cpu" else [torch.device(device)]
+    with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(hf_config(shape), attn_implementation=ATTN_NAME, dtype=torch.float32)
+        if device == "cpu":
+            return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_NAME, dtype=torch.float32)
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_NAME, dtype=DTYPES[dtype])
 
 
 def load_checkpoint(path: Path) -> PreTrainedModel:
@@ -117,24 +124,24 @@ def load_checkpoint(path: Path) -> PreTrainedModel:
         hf_logging.set_verbosity(verbosity)
 
 
-def load_model(spec: str, dtype: str = "float32", seed: int = 0) -> LoadedModel:
+def load_model(spec: str, dtype: str = "float32", seed: int = 0, device: str = "cpu") -> LoadedModel:
     """`spec` is a preset name, a checkpoint folder or a JSON/YAML shape file."""
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}; got {dtype!r}")
     path = Path(spec)
     if spec in PRESETS:
         shape, checkpoint = PRESETS[spec], None
-        model = build_model(shape, seed)
+        model = build_model(shape, seed, dtype, device)
     elif path.is_dir():
         model, checkpoint = load_checkpoint(path), path
         shape = shape_of(model.config)
     elif path.is_file():
         shape, checkpoint = ModelShape.from_file(path), None
-        model = build_model(shape, seed)
+        model = build_model(shape, seed, dtype, device)
     else:
         raise ConfigError(
             "model", f"{spec!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint folder nor a shape file"
         )
-    if dtype not in DTYPES:
-        raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}; got {dtype!r}")
-    model = model.to(DTYPES[dtype]).eval()
+    model = model.to(device=device, dtype=DTYPES[dtype]).eval()
     model.requires_grad_(False)
     return LoadedModel(spec, shape, model, checkpoint)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from chunkpilot.contract import ConfigError, RequestFeatures, hand_rule, number
+from chunkpilot.contract import ConfigError, RequestFeatures, number, rule_size
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class FixedPolicy:
 
     def choose(self, request: RequestFeatures) -> Decision:
         if self.capped:
-            return Decision(request.fit(self.size), "fixed")
+            return Decision(request.clamp(self.size), "fixed")
         request.attention.check_chunk(self.size)
         return Decision(self.size, "fixed")
 
@@ -56,7 +56,8 @@ class RulePolicy:
     name: str = "rule"
 
     def choose(self, request: RequestFeatures) -> Decision:
-        return Decision(request.fit(hand_rule(request.context_length)), "rule")
+        att = request.attention
+        return Decision(rule_size(request.context_length, att.window, att.layout), "rule")
 
 
 @dataclass(frozen=True)

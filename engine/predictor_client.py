@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from chunkpilot.contract import ChunkRequest, Hardware, Outcome, RequestFeatures, quarter_octave
+from chunkpilot.contract import ChunkRequest, ConfigError, Hardware, Outcome, RequestFeatures, quarter_octave
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
 from .policy import Decision, RulePolicy
@@ -140,7 +140,7 @@ class AutoPolicy(Observing):
         key = (*bucket(request), request.context_length) if self.schedule else bucket(request)  # a schedule: its n
         cached = self.answers.get((self.version, key))
         if cached is not None and time.monotonic() - cached[2] < self.cache_ttl_s:
-            return Decision(request.fit(cached[0]), "cache", self.version, schedule=cached[1])
+            return Decision(request.clamp(cached[0]), "cache", self.version, schedule=cached[1])
         if not self.breaker.allows():
             return fall_back(
                 request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"
@@ -209,3 +209,22 @@ class InProcessPolicy(Observing):
             return fall_back(request, f"the in-process model cannot answer: {str(exc).splitlines()[0]}")
         schedule = None if answer.schedule is None else tuple(answer.schedule)
         return Decision(answer.chunk_size, "in-process", answer.model_version, schedule=schedule)
+
+
+def make_auto(
+    hardware: Hardware,
+    *,
+    service: str | None = None,
+    tracking: str | None = None,
+    timeout_s: float = 0.05,
+    reporter: Reporter | None = None,
+    schedule: bool = False,
+) -> AutoPolicy | InProcessPolicy:
+    """`auto`, built one way for every caller (the CLI, the demo, the transformers helper, the
+    benches): the service at `service` over HTTP, or the champion of the MLflow store `tracking`
+    loaded into this process."""
+    if (service is None) == (tracking is None):
+        raise ConfigError("predictor", "give either the service's URL or a tracking URI")
+    if service is not None:
+        return AutoPolicy(service, timeout_s, hardware, reporter=reporter, schedule=schedule)
+    return InProcessPolicy(tracking, hardware, reporter=reporter, schedule=schedule)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Sequence
 
@@ -20,6 +22,13 @@ def clock_ms(device: torch.device) -> float:
     return time.perf_counter() * 1e3
 
 
+@functools.cache
+def cache_keyword(model_type: type) -> str:
+    """The forward's name for the KV cache: transformers renamed `past_key_values` to `cache` during
+    5.x, and an unknown keyword would vanish into `**kwargs`, silently dropping the history."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
 def forward_step(
     model: PreTrainedModel, cache: ChunkCache, ids: torch.Tensor, start: int, attn_impl: str
 ) -> torch.Tensor:
@@ -29,10 +38,10 @@ def forward_step(
     out = model(
         input_ids=ids,
         position_ids=positions[None],
-        cache=cache,
         use_cache=True,
         logits_to_keep=1,  # the prefill needs only the last position's logits
         chunk_step=step,
+        **{cache_keyword(type(model)): cache},
     )
     return out.logits[:, -1]
 

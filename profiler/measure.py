@@ -21,8 +21,8 @@ from .spec import ProfileConfig, Spec
 class EnginePool:
     """Engines by (model, dtype, attn_impl), the last few kept: loading a model costs seconds."""
 
-    def __init__(self, keep: int = 2) -> None:
-        self.keep = keep
+    def __init__(self, device: str = "cpu", keep: int = 2) -> None:
+        self.device, self.keep = device, keep
         self.engines: dict[tuple, Engine] = {}
 
     def get(self, config: ProfileConfig) -> Engine:
@@ -30,8 +30,10 @@ class EnginePool:
         if key not in self.engines:
             while len(self.engines) >= self.keep:
                 self.engines.pop(next(iter(self.engines)))
-            self.engines[key] = Engine(EngineConfig(config.model, config.dtype, config.threads, config.attn_impl))
-        runtime.configure(config.threads)
+            self.engines[key] = Engine(
+                EngineConfig(config.model, config.dtype, config.threads, config.attn_impl, self.device)
+            )
+        runtime.configure(config.threads, self.device)
         self.engines[key] = self.engines.pop(key)  # most recently used last
         return self.engines[key]
 

@@ -19,8 +19,9 @@ from chunkpilot.features import keys_sum, linear_flops
 from .spec import ProfileConfig
 
 FALLBACK_SHAPE = PRESETS["mistral-44m"]  # checkpoint folders: a mid-sized guess until measured
-INITIAL_SECONDS_PER_FLOP = 1 / 50e9  # until the run has measured something: ~50 GFLOP/s effective
-INITIAL_SECONDS_PER_CALL = 5e-3  # and ~5 ms of fixed cost per forward call
+# (seconds per FLOP, seconds per forward call) until the run has measured something: a 2-core CPU
+# at ~50 GFLOP/s effective, a data-centre GPU at ~200 TFLOP/s; ~5 ms of fixed cost per call on either
+INITIAL_SECONDS = {"cpu": (1 / 50e9, 5e-3), "cuda": (1 / 200e12, 5e-3)}
 
 
 def known_shape(model: str) -> ModelShape:
@@ -73,25 +74,38 @@ def space_filling_order(configs: list[ProfileConfig]) -> list[ProfileConfig]:
     return [configs[i] for i in order]
 
 
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of y on x's two columns with coefficients >= 0 (numpy only: the GPU machine's
+    profiler runs without scipy). The optimum is the unconstrained fit if it is feasible, else the
+    best fit on one column with the other at 0."""
+    coef = np.linalg.lstsq(x, y, rcond=None)[0]
+    if (coef >= 0).all():
+        return coef
+    candidates = [np.zeros(2)]
+    for j in range(2):
+        single = np.zeros(2)
+        single[j] = max(float(x[:, j] @ y) / max(float(x[:, j] @ x[:, j]), 1e-300), 0.0)
+        candidates.append(single)
+    return min(candidates, key=lambda c: float(np.sum((x @ c - y) ** 2)))
+
+
 class TimeModel:
     """seconds = a * FLOPs + b * calls, fitted (non-negative) on the configs finished so far, times
     a per-(dtype, threads) factor once that group has been measured."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.points: list[tuple[tuple[str, int], float, float, float]] = []  # group, flops, calls, seconds
-        self.coef = np.array([INITIAL_SECONDS_PER_FLOP, INITIAL_SECONDS_PER_CALL])
+        self.coef = np.array(INITIAL_SECONDS[device])
         self.factor: dict[tuple[str, int], float] = {}
 
     def learn(self, config: ProfileConfig, cost: tuple[float, float], seconds: float) -> None:
         group = (config.dtype, config.threads)
         self.points.append((group, *cost, seconds))
         if len(self.points) >= 3:
-            from scipy.optimize import nnls
-
             x = np.array([[f, c] for _, f, c, _ in self.points])
             y = np.array([s for *_, s in self.points])
-            scale = x.max(0)  # nnls is better conditioned on columns of similar size
-            coef, _ = nnls(x / scale, y)
+            scale = x.max(0)  # better conditioned on columns of similar size
+            coef = _nonnegative_fit(x / scale, y)
             if coef.any():
                 self.coef = coef / scale
         ratios = [s / max(self._base(f, c), 1e-9) for g, f, c, s in self.points if g == group]

@@ -50,7 +50,7 @@ def machine_dir(out: Path, spec: Spec) -> Path:
     """Where this machine's files of the spec go: each machine measures every config itself."""
     from engine.hardware import fingerprint
 
-    return out / spec.name / fingerprint()["hardware_id"]
+    return out / spec.name / fingerprint(spec.device)["hardware_id"]
 
 
 def open_run(spec: Spec, out: Path) -> Publisher:
@@ -74,7 +74,8 @@ def run_profile(
     shapes = {m: known_shape(m) for m in dict.fromkeys(c.model for c in spec.configs)}
     plan: list[ProfileConfig] = []
     chunks: dict[ProfileConfig, list[int]] = {}
-    for config in space_filling_order(list(spec.configs)):
+    ordered = space_filling_order(list(spec.configs)) if spec.order == "space-filling" else list(spec.configs)
+    for config in ordered:
         chunks[config], reasons = config.candidates(spec.chunk_sizes)
         report.skipped_candidates.update(r.split(": ", 1)[1].split(" (")[0] for r in reasons)
         if config.key in done:
@@ -83,7 +84,7 @@ def run_profile(
             plan.append(config)
     passes = spec.warmup + spec.repeats
     costs = {c: config_cost(c, shapes[c.model], chunks[c], passes) for c in plan}
-    times = TimeModel()
+    times = TimeModel(spec.device)
     start = time.monotonic()
     deadline = None if budget_minutes is None else start + 60 * budget_minutes
     print(

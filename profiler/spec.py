@@ -106,6 +106,10 @@ class Sweep(Contract):
 class Spec(Contract):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="letters, digits, - and _")
     sweeps: list[Sweep] = Field(min_length=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    # space-filling: any prefix covers every level; as-written: the sweeps' order, for a spec whose
+    # author ranked them (a short GPU budget: each shape and attention set-up first)
+    order: Literal["space-filling", "as-written"] = "space-filling"
     chunk_sizes: tuple[Length | Literal["full"], ...] = DEFAULT_CHUNKS
     repeats: int = Field(default=3, ge=1, le=100)
     warmup: int = Field(default=1, ge=0, le=10)

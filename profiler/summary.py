@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from chunkpilot.contract import fit_chunk, hand_rule
+from chunkpilot.contract import clamp_chunk, rule_size
 
 
 def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
@@ -19,7 +19,10 @@ def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
         n, window = int(first["context_length"]), int(first["window"])  # 0: no window
         best_chunk = min(ttft, key=ttft.get)
         best = ttft[best_chunk]
-        fixed, rule = (fit_chunk(c, n, window or None, first["layout"]) for c in (1024, hand_rule(n)))
+        fixed, rule = (
+            clamp_chunk(1024, n, window or None, first["layout"]),
+            rule_size(n, window or None, first["layout"]),
+        )
         rows.append(
             {
                 "config_key": key,

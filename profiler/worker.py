@@ -20,10 +20,10 @@ def _serve(tasks: mp.Queue, results: mp.Queue, spec: Spec, hardware_dir: str) ->
 
     from .measure import EnginePool, measure_config
 
-    pool = EnginePool()
+    pool = EnginePool(spec.device)
     while (config := tasks.get()) is not None:
         try:
-            hardware = descriptors(Path(hardware_dir), config.dtype, config.threads)
+            hardware = descriptors(Path(hardware_dir), config.dtype, config.threads, spec.device)
             results.put(("ok", measure_config(pool, config, spec, hardware)))
         except ConfigError as exc:
             results.put(("config", (exc.field, exc.message)))

@@ -76,6 +76,11 @@ def trained_store(small_dataset, tmp_path_factory):
     return train_into_store(small_dataset, tmp_path_factory.mktemp("store"))
 
 
+# what tests that need a champion (not the training table) train: the served recipe beside the quick
+# baselines, so a store costs seconds, not the minutes of judging every recipe and baseline
+QUICK = {"every_baseline": False, "recipes": ()}
+
+
 def train_into_store(data: Path, root: Path) -> str:
     """`chunkpilot train` on `data` into a new MLflow store under `root` (SQLite, artifacts in
     root/mlruns); returns its tracking URI."""
@@ -85,5 +90,15 @@ def train_into_store(data: Path, root: Path) -> str:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", uri)
         patch.chdir(root)
-        train(data)
+        train(data, **QUICK)
     return uri
+
+
+# fixtures that profile a dataset or start a server: a test that uses one is `slow` (make test-fast skips it)
+SLOW_FIXTURES = {"small_dataset", "trained_store", "mlflow_server", "server", "service", "store_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

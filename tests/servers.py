@@ -12,7 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
-from chunkpilot.cli.processes import answers, free_port, start_service
+from cli.processes import answers, free_port, start_service
 
 
 @contextmanager

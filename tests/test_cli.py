@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from chunkpilot.cli import main
 from chunkpilot.contract import PRESETS
+from cli import main
 from engine.models import load_model
 from engine.tokenizer import trained_tokenizer
 
@@ -149,14 +149,14 @@ def test_broken_checkpoint_folder(capsys, tmp_path, config_text):
 def test_console_script_in_a_fresh_process():
     """The installed entry point: one JSON line on stdout; a bad value is one line on stderr."""
     ok = subprocess.run(
-        [sys.executable, "-m", "chunkpilot.cli", "prefill", "--model", "llama-tiny", *SMALL, "--json"],
+        [sys.executable, "-m", "cli", "prefill", "--model", "llama-tiny", *SMALL, "--json"],
         capture_output=True,
         text=True,
         check=True,
     )
     assert json.loads(ok.stdout)["num_chunks"] == 4
     bad = subprocess.run(
-        [sys.executable, "-m", "chunkpilot.cli", "prefill", "--chunk-size", "-3", "--context-length", "10"],
+        [sys.executable, "-m", "cli", "prefill", "--chunk-size", "-3", "--context-length", "10"],
         capture_output=True,
         text=True,
     )

@@ -23,6 +23,13 @@ ATTENTION = {
     "ring+sinks": AttentionConfig(window=W, layout="ring", sinks=S),
 }
 CHUNKS = [1, 7, W, W + 8, N]  # 7 does not divide 64; W + 8 > W (shift only); N is one shot
+# `make test` checks every preset; the fast loop keeps the smallest plus the interleaved local/global
+# one, which between them walk every code path (full and windowed layers, every layout)
+FAST = {"llama-tiny", "gemma3-interleaved"}
+
+
+def presets(names: list[str] | None = None) -> list:
+    return [pytest.param(p, marks=() if p in FAST else pytest.mark.slow) for p in names or PRESETS]
 
 
 def chunked(engine, ids, attention, chunk, kernel, global_positions=()):
@@ -62,7 +69,7 @@ def assert_same_choice(got: torch.Tensor, ref: torch.Tensor, atol: float) -> Non
         assert ref[got.argmax()] >= top[0] - 2 * atol
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", presets())
 @pytest.mark.parametrize("attn_name", list(ATTENTION))
 def test_chunked_prefill_matches_one_forward_fp32(engines, preset, attn_name):
     engine, attention = engines(preset), ATTENTION[attn_name]
@@ -74,7 +81,7 @@ def test_chunked_prefill_matches_one_forward_fp32(engines, preset, attn_name):
         check(engine, attention, chunk, "sdpa")
 
 
-@pytest.mark.parametrize("preset", ["mistral-44m", "gemma3-interleaved"])
+@pytest.mark.parametrize("preset", presets(["mistral-44m", "gemma3-interleaved"]))
 @pytest.mark.parametrize("attn_name", ["full", "shift+sinks", "ring"])
 def test_eager_kernel_matches_too(engines, preset, attn_name):
     for chunk in (7, W):
@@ -85,7 +92,7 @@ def test_eager_kernel_matches_too(engines, preset, attn_name):
 SCHEDULES = {"shift": [[W + 8, W, 7, 7, 1, 9], [1, 7, W, 40]], "ring": [[W, 7, 1, W, 8, W], [1, 1, 7, 7, W, W, W]]}
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", presets())
 @pytest.mark.parametrize("attn_name", list(ATTENTION))
 def test_a_schedule_matches_one_forward(engines, preset, attn_name):
     attention = ATTENTION[attn_name]
@@ -97,7 +104,7 @@ def test_a_schedule_matches_one_forward(engines, preset, attn_name):
 BF16_ATOL = 0.05  # bf16 keeps 8 bits of mantissa; different chunkings round differently
 
 
-@pytest.mark.parametrize("preset", ["mistral-44m", "qwen2-gqa", "gemma3-interleaved"])
+@pytest.mark.parametrize("preset", presets(["mistral-44m", "qwen2-gqa", "gemma3-interleaved"]))
 @pytest.mark.parametrize("attn_name", ["full", "shift+sinks", "ring+sinks"])
 def test_bf16_same_argmax_within_tolerance(engines, preset, attn_name):
     for chunk in (7, W):
@@ -151,7 +158,7 @@ def test_any_schedule(engines, cuts, sinks, layout):
 GLOBALS = (0, 2, 5, 9, 20, 37, 50, 63)
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+@pytest.mark.parametrize("preset", presets())
 @pytest.mark.parametrize("attn_name", list(ATTENTION))
 def test_global_tokens_match_one_forward(engines, preset, attn_name):
     """Selective SWA: chosen tokens stay visible to every later query on the windowed layers."""
@@ -182,6 +189,7 @@ def test_ring_memory_is_bounded_by_window_sinks_and_globals(engines):
         assert cache.nbytes == layers * (2 * W + S + 8) * per_token, n
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 80),

@@ -40,7 +40,7 @@ def chunkpilot(url: str, *args: str, cwd: Path, cores: set[int] | None = None) -
     env = {**os.environ, "MLFLOW_TRACKING_URI": url, "PYTHONUNBUFFERED": "1"}
     pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
     return subprocess.Popen(
-        [sys.executable, "-m", "chunkpilot.cli", *args], cwd=cwd, env=env, preexec_fn=pin, start_new_session=True,
+        [sys.executable, "-m", "cli", *args], cwd=cwd, env=env, preexec_fn=pin, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 

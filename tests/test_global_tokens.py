@@ -11,9 +11,9 @@ import torch
 from conftest import ROOT
 from reference import reference_logits
 
-from chunkpilot.cli import main
-from chunkpilot.contract import MAX_GLOBAL_TOKENS, AttentionConfig, ChunkRequest, ConfigError, spread
+from chunkpilot.contract import MAX_GLOBAL_TOKENS, AttentionConfig, ChunkRequest, ConfigError, spread_positions
 from chunkpilot.features import FEATURES, build
+from cli import main
 from engine.engine import Prompt
 from engine.global_tokens import GlobalTokens
 from engine.policy import FixedPolicy
@@ -66,7 +66,7 @@ def test_the_engine_s_marker_tokens_stay_visible_like_the_reference(engines, lay
 def test_a_count_alone_spreads_the_tokens_and_is_a_feature(engines):
     engine = engines("llama-tiny")
     n, attention = 600, AttentionConfig(window=64, global_tokens=8)
-    assert spread(8, n) == [66, 133, 200, 266, 333, 400, 466, 533]
+    assert spread_positions(8, n) == [66, 133, 200, 266, 333, 400, 466, 533]
     result = engine.run(engine.prompt_text(Prompt(num_tokens=n)), n, attention, FixedPolicy(128))
     assert result.global_tokens == 8
     hardware = {"matmul_gflops": 100.0, "bandwidth_gbs": 10.0, "call_overhead_ms": 1.0, "cores": 2}

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM
 
-from chunkpilot.cli.processes import free_port
 from chunkpilot.contract import RequestFeatures
+from cli.processes import free_port
 from engine.hf import auto_policy, chunked_generate, prefill_chunk_size
 from engine.models import load_model
 from engine.policy import Decision, RulePolicy

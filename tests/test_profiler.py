@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from chunkpilot.cli import main
 from chunkpilot.contract import ConfigError
 from chunkpilot.dataset import (
     COLUMNS,
@@ -27,6 +26,7 @@ from chunkpilot.dataset import (
     validate,
     write_config,
 )
+from cli import main
 from profiler.plan import space_filling_order
 from profiler.spec import ProfileConfig, Spec
 from profiler.summary import summarize_configs
@@ -253,6 +253,7 @@ def mlflow_store(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow  # a real profile
 def test_tiny_spec_runs_and_logs_to_mlflow(tmp_path, mlflow_store, capsys):
     spec = write_spec(tmp_path, TINY)
     out = tmp_path / "ttft"
@@ -275,8 +276,9 @@ def test_tiny_spec_runs_and_logs_to_mlflow(tmp_path, mlflow_store, capsys):
     assert "0 configs measured" in capsys.readouterr().out and len(read_dataset(out / "tiny")) == len(df)
 
 
+@pytest.mark.slow  # a real profile
 def test_an_unreachable_tracking_server_costs_no_measurement(tmp_path, monkeypatch, capsys):
-    from chunkpilot.cli.processes import free_port
+    from cli.processes import free_port
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens
     spec = write_spec(tmp_path, TINY)
@@ -286,6 +288,7 @@ def test_an_unreachable_tracking_server_costs_no_measurement(tmp_path, monkeypat
     assert read_dataset(tmp_path / "ttft" / "tiny").config_key.nunique() == len(Spec.from_dict(TINY).configs)
 
 
+@pytest.mark.slow  # a real profile
 def test_sweep_killed_at_random_moments_resumes_exactly(tmp_path):
     """SIGKILL (parent and worker) at five random moments, some mid-write: every file left is
     readable, and the resumed sweep has exactly the spec's rows, none twice."""
@@ -299,7 +302,7 @@ def test_sweep_killed_at_random_moments_resumes_exactly(tmp_path):
     }
     spec = write_spec(tmp_path, spec_dict)
     out = tmp_path / "ttft"
-    cmd = [sys.executable, "-m", "chunkpilot.cli", "profile", "--spec", str(spec), "--out", str(out), "--no-mlflow"]
+    cmd = [sys.executable, "-m", "cli", "profile", "--spec", str(spec), "--out", str(out), "--no-mlflow"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     moments = random.Random(7)
 
@@ -329,6 +332,7 @@ def test_sweep_killed_at_random_moments_resumes_exactly(tmp_path):
     assert not list((out / "killme").rglob(".tmp-*"))
 
 
+@pytest.mark.slow  # a real profile
 def test_budget_mode_measures_what_fits_and_says_what_it_left_out(tmp_path, capsys):
     spec = write_spec(
         tmp_path, {**TINY, "name": "budget", "sweeps": [{**TINY["sweeps"][0], "contexts": [40, 100, 400, 1600]}]}
@@ -353,6 +357,7 @@ def test_bad_budget_is_one_line(tmp_path, capsys, value):
     assert "budget_minutes: must be a number in (0, 10080]" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a real profile
 def test_check_repro_remeasures_in_a_fresh_process(tmp_path, capsys):
     spec = write_spec(tmp_path, TINY)
     out = tmp_path / "ttft"

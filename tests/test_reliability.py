@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import QUICK
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
@@ -157,12 +158,12 @@ def test_champion_promoted_under_load_swaps_without_a_failed_or_mixed_answer(tmp
     uri = f"sqlite:///{tmp_path / 'swap.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    train(small_dataset)
+    train(small_dataset, **QUICK)
     bodies = [body(i) for i in range(16)]
     with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=0.2))) as url:
         stop = threading.Event()
         load = hammer(url, 8, bodies, stop)
-        train(small_dataset, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
+        train(small_dataset, **QUICK, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
         MlflowClient(tracking_uri=uri).set_registered_model_alias(MODEL_NAME, "champion", "2")
         assert wait_until(lambda: httpx.get(f"{url}/v1/model").json()["version"] == "2")
         time.sleep(1.0)  # clients keep going on the new version
@@ -206,7 +207,7 @@ def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_datas
     with postgres(tmp_path / "pg") as backend, mlflow_server(backend, str(tmp_path / "artifacts")) as store:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
         monkeypatch.chdir(tmp_path)
-        train(small_dataset)  # v1, the champion, through the server
+        train(small_dataset, **QUICK)  # v1, the champion, through the server
         bodies = [body(i) for i in range(12)]
         with (
             serve_process(tracking_uri=store, poll_interval_s=poll_s) as (first, _),
@@ -216,7 +217,7 @@ def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_datas
             assert wait_until(lambda: all(is_ready(u) for u in replicas), seconds=60)
             stop = threading.Event()
             loads = [hammer(url, 3, bodies, stop) for url in replicas]
-            train(small_dataset, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
+            train(small_dataset, **QUICK, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
             MlflowClient(tracking_uri=store).set_registered_model_alias(MODEL_NAME, "champion", "2")
             assert wait_until(
                 lambda: all(httpx.get(f"{u}/v1/model").json()["version"] == "2" for u in replicas), seconds=20 * poll_s
@@ -279,7 +280,7 @@ def test_missing_alias_then_corrupt_artifact_then_ready_without_restart(tmp_path
     uri = f"sqlite:///{tmp_path / 'faults.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    train(small_dataset)
+    train(small_dataset, **QUICK)
     client = MlflowClient(tracking_uri=uri)
     client.delete_registered_model_alias(MODEL_NAME, "champion")
     stored = Path(client.get_model_version_download_uri(MODEL_NAME, "1").removeprefix("file://"))

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from chunkpilot.cli import main
 from chunkpilot.contract import AttentionConfig, RequestFeatures
+from cli import main
 from engine.engine import Prompt
 from engine.policy import Decision, RulePolicy
 from engine.stream import StreamRequest, stream

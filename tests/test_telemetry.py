@@ -275,8 +275,8 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     from conftest import train_into_store
     from mlflow import MlflowClient
 
-    from chunkpilot.cli import main
     from chunkpilot.registry import LAST_RETRAIN, MODEL_NAME
+    from cli import main
     from engine.policy import FixedPolicy
     from engine.telemetry import outcome as as_outcome
 

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import servers
 
-from chunkpilot.cli import main
 from chunkpilot.recipe import DEFAULT, RECIPES
 from chunkpilot.registry import MODEL_NAME, judge
+from cli import main
 from training.baselines import baselines
 from training.data import load_table
 from training.served import served_fit
@@ -146,6 +146,17 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     assert {"regret_cdf.png", "predicted_vs_measured.png", "best_chunk_heatmap.png", "hardware.json"} <= artifacts
     assert model_runs[-1].inputs.dataset_inputs[0].dataset.name == "ttft"
     assert model_runs[-1].data.params["recipe_name"] == DEFAULT
+    # the compare view explains every run: what it is and what it trained on, baselines included
+    for run in runs:
+        assert run.data.params["what"].startswith(("recipe:", "baseline:"))
+        assert {"rows", "configs", "machines", "data_digest"} <= set(run.data.params)
+    rule = next(r for r in runs if r.info.run_name == "hand-rule")
+    assert "hand rule engines' users write" in rule.data.params["what"]
+    champion = client.get_model_version_by_alias(MODEL_NAME, "champion")  # the model page says what it is
+    assert champion.tags["recipe"] == DEFAULT
+    digest = model_runs[-1].data.params["data_digest"]
+    assert f"Recipe `{DEFAULT}`" in champion.description and digest in champion.description
+    assert "Held out (all slices): mean regret" in champion.description
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.contract import fit_chunk, rule_candidate
+from chunkpilot.contract import clamp_chunk, rule_candidate
 from chunkpilot.cost_models import PerCandidate
 from chunkpilot.features import FEATURES
 
@@ -41,7 +41,7 @@ def closest_measured(candidates: np.ndarray, chunk: int) -> int:
 def limited(rows: pd.DataFrame, chunk: int) -> int:
     """A fixed choice cut to what the config allows (ring: <= window; <= context), as the engine does."""
     first = rows.iloc[0]
-    return fit_chunk(chunk, int(first.context_length), int(first.window) or None, first.layout)
+    return clamp_chunk(chunk, int(first.context_length), int(first.window) or None, first.layout)
 
 
 def rule_chunk(rows: pd.DataFrame) -> int:
@@ -63,6 +63,8 @@ class Choice:
 
 
 class FixedChunk:
+    """One chunk size for every request (cut to what the config allows), as engines default to."""
+
     def __init__(self, size: int = 1024) -> None:
         self.size, self.name = size, f"fixed-{size}"
 
@@ -94,13 +96,16 @@ class BestFixed(FixedChunk):
         ]  # fmt: skip
 
         def mean_regret(size: int) -> float:
-            return float(np.mean([ttft[chunks == closest_measured(chunks, fit_chunk(size, n, window, layout))][0]
+            return float(np.mean([ttft[chunks == closest_measured(chunks, clamp_chunk(size, n, window, layout))][0]
                                   / ttft.min() - 1 for chunks, ttft, n, window, layout in configs]))  # fmt: skip
 
         self.size = min(sorted(train.rows.chunk_size.unique()), key=mean_regret)
 
 
 class HandRule:
+    """The hand rule engines' users write: 512 up to 512 tokens; 1024 up to 1536; beyond that 1024 on
+    multiples of 1024, else 768."""
+
     name = "hand-rule"
 
     def fit(self, train: Table) -> None:

@@ -79,22 +79,54 @@ def _row_counts(table: Table) -> tuple[int, int]:
     return int((~telemetry).sum()), int(table.rows.repeats[telemetry].sum())
 
 
-def recipe_description(recipe: Recipe, table: Table) -> dict:
+def data_description(table: Table) -> dict:
+    """What a run trained on, in the params every run carries (so the compare view lines them up)."""
+    import mlflow
+
+    return {
+        "rows": len(table.rows),
+        **dict(zip(("profiled_rows", "telemetry_prefills"), _row_counts(table), strict=True)),
+        "rows_with_chunk_ms": int(table.rows.chunk_ms.notna().sum()),
+        "configs": table.rows.group.nunique(),
+        "machines": ",".join(sorted(table.rows.hardware_id.unique())),
+        "data_digest": mlflow.data.from_pandas(table.rows.drop(columns=LISTS)).digest,
+    }
+
+
+def recipe_description(recipe: Recipe, data: dict) -> dict:
     """The registered recipe's params, as its run logs them and the compare view shows them."""
-    timed = int(table.rows.chunk_ms.notna().sum())
     return {
         registry.RECIPE: json.dumps({"name": recipe.name, **recipe.params}, sort_keys=True),
         "recipe_name": recipe.name,
+        "what": f"recipe: {recipe.cost.kind} cost model, {recipe.cost.size} members, argmin"
+        + (f" with do-no-harm at z={recipe.chooser.z:g}" if recipe.chooser.z else ""),
         "cost_model": recipe.cost.kind,
         "members": recipe.cost.size,
         "do_no_harm_z": recipe.chooser.z,
         "features": ",".join(FEATURES),
-        "rows": len(table.rows),
-        **dict(zip(("profiled_rows", "telemetry_prefills"), _row_counts(table), strict=True)),
-        "rows_with_chunk_ms": timed,
-        "configs": table.rows.group.nunique(),
-        "machines": ",".join(sorted(table.rows.hardware_id.unique())),
+        **data,
     }
+
+
+def baseline_description(policy, data: dict) -> dict:
+    """A baseline's params: what it is (its docstring's first sentence) and the data it trained on."""
+    what = " ".join((type(policy).__doc__ or policy.name).split()).split(". ")[0].rstrip(".")
+    return {"what": f"baseline: {what}"[:500], **data}
+
+
+def version_description(recipe: Recipe, data: dict, metrics: dict[str, dict[str, float]]) -> str:
+    """The registered version's description in the MLflow UI: what it is, what it trained on, how
+    it did on held-out configs against the rule and fixed 1024 (the same slices)."""
+    heldout = metrics["all"]
+    return (
+        f"Recipe `{recipe.name}` ({recipe.cost.kind} cost model, {recipe.cost.size} members, do-no-harm "
+        f"z={recipe.chooser.z:g}). Trained on {data['rows']} rows ({data['configs']} configs, "
+        f"{data['rows_with_chunk_ms']} with per-chunk times, {data['telemetry_prefills']} telemetry prefills) of "
+        f"machines {data['machines']}; data digest {data['data_digest']}. Held out (all slices): mean regret "
+        f"{heldout['mean_regret']:.1%}, p95 {heldout['p95_regret']:.1%}, within 5% {heldout['within_5pct']:.0%}, "
+        f"TTFT saved vs the hand rule {heldout['saved_vs_rule']:.0%} and vs fixed 1024 "
+        f"{heldout['saved_vs_1024']:.0%} of what the measured best saves."
+    )
 
 
 def _log_model(
@@ -112,9 +144,8 @@ def _log_model(
     import mlflow
 
     mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
-    mlflow.log_params(
-        {**recipe_description(recipe, table), "slices": json.dumps({k: len(v) for k, v in slices.items()})}
-    )
+    sizes = json.dumps({k: len(v) for k, v in slices.items()})
+    mlflow.log_params({**recipe_description(recipe, data_description(table)), "slices": sizes})
     mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE)
     if trials:
         mlflow.log_dict({"trials": trials}, "search_trials.json")
@@ -149,10 +180,12 @@ def train(
     source: str | None = None,
     recipe: str = DEFAULT,
     every_baseline: bool = True,
+    recipes: tuple[str, ...] = tuple(RECIPES),
 ) -> TrainResult:
-    """Cross-validate every baseline (or the quick ones) and recipe on the same slices, each its own
-    run; then fit `recipe` on all rows, pass the gate, log and register. `params`: LightGBM's, over
-    the cost models' defaults; `source`: where the data came from, for the runs' lineage."""
+    """Cross-validate every baseline (or the quick ones) and the `recipes` on the same slices, each
+    its own run; then fit `recipe` on all rows, pass the gate, log and register. `params`:
+    LightGBM's, over the cost models' defaults; `source`: where the data came from, for the runs'
+    lineage."""
     source = source or str(data)
     import mlflow
     from mlflow import MlflowClient
@@ -166,13 +199,14 @@ def train(
     trials: list[dict] = []
     if search_minutes > 0:
         lgbm, trials = search(recipe, lgbm, table, slices, search_minutes)
-    judged = {}
-    for policy in baselines(every_baseline):
+    judged, compared = {}, {policy.name: policy for policy in baselines(every_baseline)}
+    for policy in compared.values():
         judged.update(cross_validate(fitted(lambda p=policy: p), table, slices))
-    judged.update(cross_validate(served_fit(list(RECIPES), lgbm), table, slices))
+    judged.update(cross_validate(served_fit(list(dict.fromkeys([recipe, *recipes])), lgbm), table, slices))
     frames = {name: frame for name, (frame, _) in judged.items()}
     metrics = {name: slice_metrics(frame) for name, frame in frames.items()}
     roles = {name: "recipe" if name in RECIPES else "baseline" for name in judged}
+    described = data_description(table)
     with quiet_mlflow():
         experiment_id = use_experiment(experiment)
         client = MlflowClient()
@@ -181,8 +215,11 @@ def train(
                 continue
             with mlflow.start_run(experiment_id=experiment_id, run_name=name):
                 mlflow.set_tags({"role": roles[name], "policy": name})
-                if name in RECIPES:
-                    mlflow.log_params(recipe_description(make_recipe(name, lgbm), table))
+                mlflow.log_params(
+                    recipe_description(make_recipe(name, lgbm), described)
+                    if name in RECIPES
+                    else baseline_description(compared[name], described)
+                )
                 mlflow.log_metrics(flat(metrics[name]))
                 _log_dataset(table, source)
         new = {name: m["mean_regret"] for name, m in metrics[recipe].items()}
@@ -201,6 +238,10 @@ def train(
             mlflow.log_metrics(flat(metrics[recipe]))
             version = _log_model(final, table, source, slices, trials, frames, judged[recipe][1], verdict)
         registry.register(client, version, verdict, new["all"], settled)
+        client.update_model_version(
+            registry.MODEL_NAME, version, version_description(final, described, metrics[recipe])
+        )
+        client.set_model_version_tag(registry.MODEL_NAME, version, "recipe", recipe)
     return TrainResult(
         metrics, recipe, version, verdict, settled, time.monotonic() - start, len(table.rows),
         table.rows.group.nunique()

@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _open(spec: Spec, out: Path) -> Publisher:
     """The profiling run, once the tracking server answers (MLflow's own retries take minutes)."""
-    from chunkpilot.cli.processes import answers
     from chunkpilot.tracking import tracking_uri
+    from cli.processes import answers
     from profiler.run import open_run
 
     uri = tracking_uri()

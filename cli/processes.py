@@ -24,7 +24,7 @@ def start_service(port: int, **settings: object) -> subprocess.Popen:
 
     settings = {"tracking_uri": tracking_uri(), "poll_interval_s": 0, **settings}
     env = {**os.environ, **{f"CHUNKPILOT_{k.upper()}": str(v) for k, v in settings.items()}}
-    return subprocess.Popen([sys.executable, "-m", "chunkpilot.cli", "serve", "--port", str(port)], env=env)
+    return subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], env=env)
 
 
 def answers(url: str) -> bool:

@@ -11,6 +11,8 @@ from pydantic import Field, model_validator
 
 from chunkpilot.contract import MAX_CONTEXT, ConfigError, Contract
 
+from .options import attention_config, auto_from_args, engine_config, global_tokens
+
 
 class StreamLine(Contract):
     """One line of the prompts file: a text (optionally capped), or synthetic text of a length."""
@@ -54,10 +56,8 @@ def run_stream(args: argparse.Namespace, policy) -> int:
     from engine.engine import Engine, Prompt
     from engine.stream import StreamRequest, stream
 
-    from .prefill import attention_config, auto_policy, engine_config, global_tokens
-
     engine = Engine(engine_config(args))
-    policy = policy or auto_policy(args, engine)
+    policy = policy or auto_from_args(args, engine)
     attention = attention_config(args, engine.shape.window)
     globals_ = global_tokens(args)
     requests = [

@@ -12,8 +12,6 @@ import os
 import time
 from pathlib import Path
 
-import httpx
-
 from chunkpilot.contract import number
 from engine.evaluate import PromptCase
 
@@ -63,6 +61,8 @@ def _step(n: int, text: str, start: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import httpx
+
     from chunkpilot.dataset import read_dataset
     from profiler.run import log_run, open_run, run_profile
     from profiler.spec import Spec
@@ -123,14 +123,17 @@ def run(args: argparse.Namespace) -> int:
 def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
     """The deployment's own workload through `auto` with telemetry on: each prefill's chunk times go
     to the service, whose correction learns from them at once (and explores within its budget)."""
+    import httpx
+
     from engine.engine import Engine, EngineConfig, Prompt
     from engine.hardware import local_hardware
-    from engine.predictor_client import AutoPolicy
+    from engine.predictor_client import make_auto
     from engine.telemetry import Reporter, to_service
 
     engine = Engine(EngineConfig(model=model))
     reporter = Reporter(to_service(url), capacity=4096)
-    auto = AutoPolicy(url, 0.5, local_hardware(engine.config.dtype, engine.runtime.threads), reporter=reporter)
+    auto = make_auto(local_hardware(engine.config.dtype, engine.runtime.threads), service=url, timeout_s=0.5,
+                     reporter=reporter)  # fmt: skip
     explored = 0
     try:
         for k in range(passes):
@@ -153,10 +156,10 @@ def compare_with_service(model: str, url: str, max_rounds: int, cases: list | No
     from engine.evaluate import evaluate, format_evaluation
     from engine.hardware import local_hardware
     from engine.policy import FixedPolicy, RulePolicy
-    from engine.predictor_client import AutoPolicy
+    from engine.predictor_client import make_auto
 
     engine = Engine(EngineConfig(model=model))
-    auto = AutoPolicy(url, 0.05, local_hardware(engine.config.dtype, engine.runtime.threads))
+    auto = make_auto(local_hardware(engine.config.dtype, engine.runtime.threads), service=url)
     policies = {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy()}
     try:
         result = evaluate(

@@ -7,61 +7,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, number
+from chunkpilot.contract import ConfigError, number
+
+from .options import (
+    add_attention_args,
+    add_engine_args,
+    add_predictor_args,
+    attention_config,
+    auto_from_args,
+    engine_config,
+    global_tokens,
+)
+from .stream import run_stream
 
 HELP = "run one prompt through the engine and print its TTFT breakdown"
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="mistral-44m", help="preset, checkpoint folder or JSON/YAML shape file")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("--threads", help="torch threads (default: every core)")
-    parser.add_argument("--attn-impl", "--attn", default="sdpa", choices=ATTN_IMPLS, help="attention implementation")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--seed", default="0", help="seed of random weights (presets and shape files)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (the warm-up compiles)")
-
-
-def add_attention_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--window", help="sliding window in tokens, or 'none' (default: the model's own)")
-    parser.add_argument("--kv-layout", default="shift", choices=LAYOUTS)
-    parser.add_argument("--sinks", default="0", help="first tokens every query sees besides the window")
-    parser.add_argument("--global-tokens", action="append", help="tokens every later query sees besides the window "
-                        "(selective SWA): positions 0,17,42, a token id id:5 or text:MARKER (its every occurrence); "
-                        "repeatable")  # fmt: skip
-
-
-def add_predictor_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--predictor-url", default="http://127.0.0.1:8000", help="the service `auto` asks")
-    parser.add_argument("--predictor-timeout-ms", default="50", help="give up on the service after this long")
-    parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
-    parser.add_argument("--no-telemetry", action="store_true", help="auto: do not report the prefills' outcomes")
-    parser.add_argument("--schedule", action="store_true", help="auto: ask for a chunk schedule (sizes that change "
-                        "along the prompt) chosen by the per-chunk cost model, when the champion has one")  # fmt: skip
-    parser.add_argument("--telemetry-dir", type=Path, help="auto --in-process: the local partition of the outcomes "
-                        "(default: $CHUNKPILOT_TELEMETRY_DIR, else data/ttft/telemetry, as the service)")  # fmt: skip
-
-
-def auto_policy(args: argparse.Namespace, engine):
-    """The `auto` policy for this engine: over HTTP, or in-process with --in-process."""
-    from chunkpilot.tracking import tracking_uri
-    from engine.hardware import local_hardware
-    from engine.predictor_client import AutoPolicy, InProcessPolicy
-    from engine.telemetry import Reporter, to_partition, to_service
-
-    timeout_ms = number("predictor_timeout_ms", args.predictor_timeout_ms, int, ge=1, le=60_000)
-    hardware = local_hardware(engine.config.dtype, engine.runtime.threads, engine.config.device)
-    if args.in_process:
-        from chunkpilot.dataset import TELEMETRY
-
-        directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY)
-        reporter = None if args.no_telemetry else Reporter(to_partition(directory))
-        return InProcessPolicy(tracking_uri(), hardware, reporter=reporter, schedule=args.schedule)
-    reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url))
-    return AutoPolicy(args.predictor_url, timeout_ms / 1e3, hardware, reporter=reporter, schedule=args.schedule)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -86,32 +47,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def engine_config(args: argparse.Namespace):
-    from engine.engine import EngineConfig
-
-    return EngineConfig(args.model, args.dtype, args.threads, args.attn_impl, args.device, args.seed, args.compile)
-
-
-def global_tokens(args: argparse.Namespace):
-    """--global-tokens as the engine's GlobalTokens (None: not given)."""
-    from engine.global_tokens import GlobalTokens
-
-    return None if not args.global_tokens else GlobalTokens.parse(args.global_tokens)
-
-
-def attention_config(args: argparse.Namespace, model_window: int | None) -> AttentionConfig:
-    window = {None: model_window, "none": None}.get(args.window, args.window)
-    return AttentionConfig(window=window, layout=args.kv_layout, sinks=args.sinks)
-
-
 def run(args: argparse.Namespace) -> int:
     from engine.policy import parse_policy  # light: check what needs no model before loading torch
 
     policy = None if args.chunk_size == "auto" else parse_policy(args.chunk_size)
     globals_ = global_tokens(args)
     if args.prompts is not None:
-        from .stream import run_stream
-
         return run_stream(args, policy)
     repeats = number("repeats", args.repeats, int, ge=1, le=1000)
     text = read_prompt(args)
@@ -121,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = engine_config(args)
     engine = Engine(config)
-    policy = policy or auto_policy(args, engine)
+    policy = policy or auto_from_args(args, engine)
     attention = attention_config(args, engine.shape.window)
     try:
         measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats, 1, globals_)

@@ -1,0 +1,78 @@
+"""The commands README.md and docs/ quote still parse: every `chunkpilot` subcommand exists and
+accepts the flags used, every `make` target exists, and every script's `--help` lists the flags
+the docs give it. So the docs cannot drift from the CLI."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from cli import build_parser
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+COMMAND = re.compile(r"^(?:\.venv/bin/)?(?:chunkpilot |make |(?:\.venv/bin/)?python (?:bench|tools)/|tools/\S+\.sh)")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def quoted_commands(path: Path) -> list[str]:
+    """Commands in ```bash blocks (continuation lines joined) and inline code that starts with one."""
+    text = path.read_text()
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            found.append(line)
+    found += re.findall(r"(?<!`)`([^`\n]+)`(?!`)", text)
+    return [c.strip() for c in found if COMMAND.match(c.strip())]
+
+
+def commands() -> list[tuple[str, str]]:
+    return [(path.name, command) for path in DOCS for command in quoted_commands(path)]
+
+
+def test_the_docs_quote_commands_at_all():
+    quoted = commands()
+    assert len(quoted) > 30 and {"README.md"} < {name for name, _ in quoted}
+
+
+def test_every_chunkpilot_command_names_a_subcommand_and_its_flags():
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for name, command in commands():
+        words = command.removeprefix(".venv/bin/").split()
+        if words[0] != "chunkpilot":
+            continue
+        assert words[1] in subparsers, f"{name}: `{command}`: no subcommand {words[1]!r}"
+        accepted = subparsers[words[1]]._option_string_actions
+        for flag in FLAG.findall(command):
+            assert flag in accepted, f"{name}: `{command}`: chunkpilot {words[1]} has no {flag}"
+
+
+def test_every_make_target_exists():
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
+    for name, command in commands():
+        if command.startswith("make "):
+            assert command.split()[1] in targets, f"{name}: `{command}`: no make target"
+
+
+@pytest.mark.slow  # each script's --help imports what it needs (torch, mlflow)
+def test_every_script_s_help_lists_the_flags_the_docs_use():
+    scripts: dict[str, set[str]] = {}
+    for name, command in commands():
+        words = shlex.split(command.replace(".venv/bin/", ""), comments=True)
+        script = next((w for w in words if w.startswith(("bench/", "tools/"))), None)
+        if script is not None:
+            assert (ROOT / script).is_file(), f"{name}: `{command}`: no {script}"
+            scripts.setdefault(script, set()).update(FLAG.findall(command))
+    assert scripts
+    for script, flags in scripts.items():
+        runner = [] if script.endswith(".sh") else [sys.executable]
+        done = subprocess.run([*runner, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{script} --help: {done.stderr[-500:]}"
+        for flag in flags:
+            assert flag in done.stdout, f"{script} --help does not list {flag}"
