@@ -31,16 +31,8 @@ import httpx
 import numpy as np
 from mlflow import MlflowClient
 
-from chunkpilot.contract import (
-    DEFAULT_CHUNKS,
-    PRESETS,
-    AttentionConfig,
-    ChunkRequest,
-    ModelShape,
-    clamp_chunk,
-    feasible_chunks,
-    rule_size,
-)
+from chunkpilot.chunks import DEFAULT_CHUNKS, clamp_chunk, feasible_chunks, rule_size
+from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
 from engine.engine import Engine, EngineConfig, Prompt
@@ -120,8 +112,14 @@ def bootstrapped(times: Times, per_probe, resamples: int, seed: int = 0) -> tupl
     draws = resampled_rounds(rounds, resamples, np.random.default_rng(seed))
 
     def mean(index: np.ndarray) -> float:
-        return float(np.mean([per_probe(i, {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()})
-                              for i, sizes in times.items()]))  # fmt: skip
+        return float(
+            np.mean(
+                [
+                    per_probe(i, {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()})
+                    for i, sizes in times.items()
+                ]
+            )
+        )
 
     boot = [mean(d) for d in draws]
     return mean(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
@@ -174,8 +172,12 @@ def main() -> None:
     parser.add_argument("--explore", type=float, default=0.01, help="the service's exploration budget")
     parser.add_argument("--probe-rounds", type=int, default=3)
     parser.add_argument("--plot", type=Path, help="write the regret per round as a PNG")
-    parser.add_argument("--probe-times", type=Path, default=Path(tempfile.gettempdir()) / "chunkpilot-probe-times.json",
-                        help="where this machine's probe times are kept between runs")  # fmt: skip
+    parser.add_argument(
+        "--probe-times",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "chunkpilot-probe-times.json",
+        help="where this machine's probe times are kept between runs",
+    )
     args = parser.parse_args()
     start = time.monotonic()
     machine = fingerprint()["hardware_id"]
@@ -184,8 +186,11 @@ def main() -> None:
     for folder in SHIPPED.iterdir():  # the shipped data without this machine's rows
         if folder.name != machine:
             shutil.copytree(folder, data / "shipped" / folder.name)
-    print(f"machine {machine}; champion trained on {', '.join(p.name for p in (data / 'shipped').iterdir())}; "
-          f"reference on all of {SHIPPED}; work in {work}", flush=True)  # fmt: skip
+    print(
+        f"machine {machine}; champion trained on {', '.join(p.name for p in (data / 'shipped').iterdir())}; "
+        f"reference on all of {SHIPPED}; work in {work}",
+        flush=True,
+    )
     (work / "store").mkdir()
     (work / "reference").mkdir()
     print("training the champion (v1) and the reference", flush=True)
@@ -206,8 +211,9 @@ def main() -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    service = start_service(port, tracking_uri=store_uri, poll_interval_s=1, explore_budget=args.explore,
-                            telemetry_dir=data / "telemetry")  # fmt: skip
+    service = start_service(
+        port, tracking_uri=store_uri, poll_interval_s=1, explore_budget=args.explore, telemetry_dir=data / "telemetry"
+    )
     rows = []
     rng = random.Random(0)
     try:
@@ -215,8 +221,13 @@ def main() -> None:
         for k in range(args.rounds + 1):
             champion = httpx.get(f"{url}/readyz").json()["version"]
             choices, learnt = model_choices(store_uri, hardware, threads, data / "telemetry")
-            row = {"round": k, "version": champion, "champion": regret(times, choices), "learnt": learnt,
-                   "choices": choices}  # fmt: skip
+            row = {
+                "round": k,
+                "version": champion,
+                "champion": regret(times, choices),
+                "learnt": learnt,
+                "choices": choices,
+            }
             if k == args.rounds:
                 rows.append(row)
                 break
@@ -224,11 +235,15 @@ def main() -> None:
             served = workload(engines, policy, args.prefills, rng)
             policy.close()
             metrics = httpx.get(f"{url}/metrics").text
-            row |= {"served_s": served / 1e3, "sent": policy.reporter.sent, "dropped": policy.reporter.dropped,
-                    "accepted": metric(metrics, "chunkpilot_outcomes_total{result=\"accepted\"}"),
-                    "rejected": metric(metrics, "chunkpilot_outcomes_total{result=\"rejected\"}"),
-                    "explored": metric(metrics, "chunkpilot_explored_total"),
-                    "share": metric(metrics, "chunkpilot_explore_spent_share")}  # fmt: skip
+            row |= {
+                "served_s": served / 1e3,
+                "sent": policy.reporter.sent,
+                "dropped": policy.reporter.dropped,
+                "accepted": metric(metrics, 'chunkpilot_outcomes_total{result="accepted"}'),
+                "rejected": metric(metrics, 'chunkpilot_outcomes_total{result="rejected"}'),
+                "explored": metric(metrics, "chunkpilot_explored_total"),
+                "share": metric(metrics, "chunkpilot_explore_spent_share"),
+            }
             row["verdict"], serving = train_into(work / "store", data)
             rows.append(row)
             deadline = time.monotonic() + 30  # the service's alias poll picks a promotion up
@@ -242,16 +257,22 @@ def main() -> None:
     print(f"\nprobe set: {len(PROBES)} prompts on this machine, mean regret vs the measured best [95% interval]")
     print(f"hand rule         {regret(times, rule)[0]:>7.1%}")
     print(f"fixed 1024        {regret(times, fixed)[0]:>7.1%}")
-    print(f"reference         {reference[0]:>7.1%} [{reference[1]:.1%}, {reference[2]:.1%}]  (trained with this "
-          "machine's full shipped profile)")  # fmt: skip
-    print(f"\n{'round':<6}{'champion':>9}{'learnt':>8}{'regret':>8}{'interval':>18}{'prefills':>9}{'accepted':>9}"
-          f"{'dropped':>8}{'rejected':>9}{'explored':>9}{'explore share':>14}")  # fmt: skip
+    print(
+        f"reference         {reference[0]:>7.1%} [{reference[1]:.1%}, {reference[2]:.1%}]  (trained with this "
+        "machine's full shipped profile)"
+    )
+    print(
+        f"\n{'round':<6}{'champion':>9}{'learnt':>8}{'regret':>8}{'interval':>18}{'prefills':>9}{'accepted':>9}"
+        f"{'dropped':>8}{'rejected':>9}{'explored':>9}{'explore share':>14}"
+    )
     for r in rows:
         mean, low, high = r["champion"]
         line = f"{r['round']:<6}{'v' + r['version']:>9}{r['learnt']:>8}{mean:>8.1%}{f'[{low:.1%}, {high:.1%}]':>18}"
         if "sent" in r:
-            line += (f"{args.prefills:>9}{r['accepted']:>9.0f}{r['dropped']:>8}{r['rejected']:>9.0f}"
-                     f"{r['explored']:>9.0f}{r['share']:>14.2%}")  # fmt: skip
+            line += (
+                f"{args.prefills:>9}{r['accepted']:>9.0f}{r['dropped']:>8}{r['rejected']:>9.0f}"
+                f"{r['explored']:>9.0f}{r['share']:>14.2%}"
+            )
         print(line)
     last = rows[-1]["choices"]
     for name, theirs in (
@@ -263,9 +284,11 @@ def main() -> None:
         print(
             f"round {rows[-1]['round']} minus {name}: {gap:+.1%} of mean regret [95% interval {low:+.1%}, {high:+.1%}]"
         )
-    print(f"(round r: the champion after r retrains with its correction learnt from the `learnt` prefills of the "
-          "telemetry so far, scored before round r's workload; "
-          f"{(time.monotonic() - start) / 60:.1f} min in all)")  # fmt: skip
+    print(
+        f"(round r: the champion after r retrains with its correction learnt from the `learnt` prefills of the "
+        "telemetry so far, scored before round r's workload; "
+        f"{(time.monotonic() - start) / 60:.1f} min in all)"
+    )
     if args.plot:
         import matplotlib
 
@@ -274,11 +297,19 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ks = [r["round"] for r in rows]
-        ax.errorbar(ks, [r["champion"][0] for r in rows], yerr=np.array(
-            [[r["champion"][0] - r["champion"][1], r["champion"][2] - r["champion"][0]] for r in rows]).T,
-            marker="o", label="served recipe (champion + this machine's correction)", capsize=3)  # fmt: skip
-        lines = (("hand rule", regret(times, rule)[0], "C1"), ("fixed 1024", regret(times, fixed)[0], "C2"),
-                 ("reference (full local profile)", reference[0], "C3"))  # fmt: skip
+        ax.errorbar(
+            ks,
+            [r["champion"][0] for r in rows],
+            yerr=np.array([[r["champion"][0] - r["champion"][1], r["champion"][2] - r["champion"][0]] for r in rows]).T,
+            marker="o",
+            label="served recipe (champion + this machine's correction)",
+            capsize=3,
+        )
+        lines = (
+            ("hand rule", regret(times, rule)[0], "C1"),
+            ("fixed 1024", regret(times, fixed)[0], "C2"),
+            ("reference (full local profile)", reference[0], "C3"),
+        )
         for label, value, color in lines:
             ax.axhline(value, linestyle="--", linewidth=1, label=label, color=color)
         ax.set_xticks(ks)

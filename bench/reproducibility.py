@@ -71,8 +71,11 @@ def worker(args: argparse.Namespace) -> None:
     def timed(n: int, window: int | None, chunk: str) -> tuple[float, float]:
         calib = calibration_ms(a, b)
         result = engine.run(texts[n], n, AttentionConfig(window=window), parse_policy(chunk))
-        print(f"  {n} tokens, window {window}, chunk {chunk}: {result.ttft_ms:.0f} ms (burst {calib:.0f} ms)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"  {n} tokens, window {window}, chunk {chunk}: {result.ttft_ms:.0f} ms (burst {calib:.0f} ms)",
+            file=sys.stderr,
+            flush=True,
+        )
         return result.ttft_ms, calib
 
     runs = interleaved({c: functools.partial(timed, *c) for c in configs(args)}, args.repeats)

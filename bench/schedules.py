@@ -18,7 +18,8 @@ import functools
 
 import numpy as np
 
-from chunkpilot.contract import DEFAULT_CHUNKS, AttentionConfig, feasible_chunks, uniform
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, uniform
+from chunkpilot.contract import AttentionConfig
 from chunkpilot.tracking import tracking_uri
 from engine.engine import Engine, EngineConfig, Prompt
 from engine.hardware import local_hardware
@@ -67,23 +68,28 @@ def main() -> None:
         searches = two_phase(n, best, max(sizes))
         plans = {"best uniform": tuple(uniform(n, best)), "predicted": tuple(predicted), **searches}
         # each distinct plan measured once a round; a name that picked the same plan gets the same times
-        measured = interleaved({p: functools.partial(run, SchedulePolicy(list(p))) for p in set(plans.values())},
-                               args.rounds)  # fmt: skip
+        measured = interleaved(
+            {p: functools.partial(run, SchedulePolicy(list(p))) for p in set(plans.values())}, args.rounds
+        )
         times = {name: measured[plan] for name, plan in plans.items()}
         searched = min(searches, key=lambda k: np.median(times[k]), default=None)
         rows.append((n, window, layout, best, predicted, searched, times))
         print(f"measured {n} tokens w{window} {layout}", flush=True)
 
     print(f"\n{args.model}; TTFT ratio to the best uniform size (median over {args.rounds} rounds, 95% CI)")
-    print(f"{'tokens':>7}{'window':>12}{'best':>6}{'best ms':>9}  {'predicted schedule':<34}{'ratio':>22}"
-          f"  {'best searched':<14}{'ratio':>22}")  # fmt: skip
+    print(
+        f"{'tokens':>7}{'window':>12}{'best':>6}{'best ms':>9}  {'predicted schedule':<34}{'ratio':>22}"
+        f"  {'best searched':<14}{'ratio':>22}"
+    )
     for n, window, layout, best, predicted, searched, times in rows:
         shown = ",".join(map(str, predicted[:6])) + (",..." if len(predicted) > 6 else "") + f" ({len(predicted)})"
         shown += " =best" if tuple(predicted) == tuple(uniform(n, best)) else ""  # one measurement: ratio 1 exactly
         p = median_ratio(times["predicted"], times["best uniform"], rng)
         where = f"{window} {layout}" if window else "-"
-        line = (f"{n:>7}{where:>12}{best:>6}{np.median(times['best uniform']):>9.0f}  {shown:<34}"
-                f"{p[0]:>8.3f} [{p[1]:.3f}, {p[2]:.3f}]")  # fmt: skip
+        line = (
+            f"{n:>7}{where:>12}{best:>6}{np.median(times['best uniform']):>9.0f}  {shown:<34}"
+            f"{p[0]:>8.3f} [{p[1]:.3f}, {p[2]:.3f}]"
+        )
         if searched:
             s = median_ratio(times[searched], times["best uniform"], rng)
             line += f"  {searched:<14}{s[0]:>8.3f} [{s[1]:.3f}, {s[2]:.3f}]"

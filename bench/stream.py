@@ -23,8 +23,18 @@ from engine.predictor_client import make_auto
 from engine.stream import StreamRequest, stream
 
 # the deployment's prompts: lengths that differ, windows on some (each a bucket of its own)
-PROMPTS = [(900, None), (4100, 1024), (2300, None), (6200, 2048), (1400, 512), (3300, None), (700, None),
-           (5100, 1024), (1900, None), (2700, 512)]  # fmt: skip
+PROMPTS = [
+    (900, None),
+    (4100, 1024),
+    (2300, None),
+    (6200, 2048),
+    (1400, 512),
+    (3300, None),
+    (700, None),
+    (5100, 1024),
+    (1900, None),
+    (2700, 512),
+]
 
 
 def run_once(engine: Engine, url: str, hardware, batch: list[StreamRequest], overlap: bool) -> list:
@@ -69,22 +79,30 @@ def main() -> None:
         return statistics.median(run[i].ttft_ms - run[i].prefill_ms - run[i].first_decode_ms for run in runs[overlap])
 
     print(f"\n{args.model}, {len(PROMPTS)} prompts, {args.rounds} rounds; medians in ms; decision = the HTTP ask")
-    print(f"{'#':>3}{'tokens':>7}{'window':>7}{'chunk':>6}{'tokenize':>9}{'decision':>9}"
-          f"{'TTFT off':>10}{'TTFT on':>9}{'on/off':>8}{'pre-prefill share off':>23}{'on':>7}")  # fmt: skip
+    print(
+        f"{'#':>3}{'tokens':>7}{'window':>7}{'chunk':>6}{'tokenize':>9}{'decision':>9}"
+        f"{'TTFT off':>10}{'TTFT on':>9}{'on/off':>8}{'pre-prefill share off':>23}{'on':>7}"
+    )
     for i, (n, w) in enumerate(PROMPTS):
         off, on = median(False, i, "ttft_ms"), median(True, i, "ttft_ms")
-        print(f"{i + 1:>3}{n:>7}{w or '-':>7}{runs[False][0][i].chunk_size:>6}{median(False, i, 'tokenize_ms'):>9.1f}"
-              f"{median(False, i, 'decision_ms'):>9.2f}{off:>10.1f}{on:>9.1f}{on / off:>8.3f}"
-              f"{before_prefill(False, i) / off:>23.2%}{before_prefill(True, i) / on:>7.2%}")  # fmt: skip
+        print(
+            f"{i + 1:>3}{n:>7}{w or '-':>7}{runs[False][0][i].chunk_size:>6}{median(False, i, 'tokenize_ms'):>9.1f}"
+            f"{median(False, i, 'decision_ms'):>9.2f}{off:>10.1f}{on:>9.1f}{on / off:>8.3f}"
+            f"{before_prefill(False, i) / off:>23.2%}{before_prefill(True, i) / on:>7.2%}"
+        )
     totals = np.array([[sum(x.ttft_ms for x in run) for run in runs[o]] for o in (False, True)])  # [2, rounds]
     saving = 1 - totals[1] / totals[0]  # per round, paired
     boot = np.random.default_rng(0).choice(saving, (2000, len(saving))).mean(1)
     low, high = np.quantile(boot, [0.025, 0.975])
     share = np.mean([sum(x.decision_ms for x in run) / sum(x.ttft_ms for x in run) for run in runs[False]])
-    print(f"\ntotal TTFT saved by the overlap: {saving.mean():.2%} [95% CI {low:.2%}, {high:.2%}] "
-          f"(paired per round, bootstrap); the decision is {share:.2%} of TTFT without it")  # fmt: skip
-    print("(the first request has nothing to hide behind; 'pre-prefill share': tokenize + decision, or waiting for "
-          "them, in the TTFT)")  # fmt: skip
+    print(
+        f"\ntotal TTFT saved by the overlap: {saving.mean():.2%} [95% CI {low:.2%}, {high:.2%}] "
+        f"(paired per round, bootstrap); the decision is {share:.2%} of TTFT without it"
+    )
+    print(
+        "(the first request has nothing to hide behind; 'pre-prefill share': tokenize + decision, or waiting for "
+        "them, in the TTFT)"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ ConfigError naming the field, which the CLI prints as one line."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -18,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from .chunks import clamp_chunk, max_chunk
 
 Family = Literal["llama", "mistral", "qwen2", "gemma3"]
 Layout = Literal["shift", "ring"]
@@ -28,8 +29,6 @@ MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
 MAX_CANDIDATES = 64
 MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
 MAX_MS = 3.6e6  # an hour: the longest time any part accepts
-# chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
-DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
 
 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool)$|[A-Z\[\]'-]")  # pydantic's names for a union's members
@@ -193,8 +192,9 @@ class AttentionConfig(Contract):
             raise ConfigError("chunk_size", f"a schedule's sizes must be >= 1; got {list(schedule)[:8]}")
         self.check_chunk(max(schedule))
         if sum(schedule) != context_length:
-            raise ConfigError("chunk_size", f"a schedule must sum to the prompt's {context_length} tokens; got "
-                              f"{sum(schedule)}")  # fmt: skip
+            raise ConfigError(
+                "chunk_size", f"a schedule must sum to the prompt's {context_length} tokens; got {sum(schedule)}"
+            )
 
     @property
     def row_layout(self) -> str:
@@ -302,7 +302,7 @@ class ChunkRequest(RequestFeatures):
             model=shape,
             attention=AttentionConfig(
                 window=window, layout=layout, sinks=row["sinks"], global_tokens=row.get("global_tokens") or 0
-            ),  # fmt: skip
+            ),
             dtype=row["dtype"],
             threads=row["threads"],
             attn_impl=row["attn_impl"],
@@ -348,76 +348,32 @@ class Outcome(Contract):
 # the shape fields a dataset row keeps as columns (the model's own window and positions do not
 # change the cost of a request; its attention set-up is the request's)
 SHAPE_COLUMNS = {
-    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size"
-}  # fmt: skip
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+}
 
 
-def hand_rule(context_length: int) -> int:
-    """The write-up's rule: the baseline to beat and the engine's fallback."""
-    if context_length <= 512:
-        return 512
-    if context_length <= 1536:
-        return 1024
-    return 1024 if context_length % 1024 == 0 else 768
+class Candidate(BaseModel):
+    chunk_size: int
+    predicted_ttft_ms: float
 
 
-def max_chunk(context_length: int, window: int | None, layout: str) -> int:
-    """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
-    return min(context_length, window) if layout == "ring" and window else context_length
+class ChunkResponse(BaseModel):
+    """The service's answer to one request: what it sends and what the engine reads back."""
 
-
-def quarter_octave(context_length: int) -> int:
-    """Lengths this close share a decision (the engine's answer cache) and a kind of request (exploring)."""
-    return round(4 * math.log2(context_length))
-
-
-def spread_positions(count: int, context_length: int) -> list[int]:
-    """`count` global-token positions spread evenly over a prompt (the profiler's, and the engine's
-    when only a count is given)."""
-    return sorted({(i + 1) * context_length // (count + 1) for i in range(count)})
-
-
-def uniform(context_length: int, chunk: int) -> list[int]:
-    """One chunk size as a schedule: chunks of `chunk` tokens, the last one what is left."""
-    whole, rest = divmod(context_length, chunk)
-    return [chunk] * whole + ([rest] if rest else [])
-
-
-def clamp_chunk(chunk: int, context_length: int, window: int | None, layout: str) -> int:
-    """`chunk` cut to what the config allows: how the engine applies a fixed size, the hand rule or
-    a cached answer, and how training and the profiler's summary score them."""
-    return min(chunk, max_chunk(context_length, window, layout))
-
-
-def rule_size(context_length: int, window: int | None, layout: str) -> int:
-    """The hand rule's size as the engine applies it: cut to what the config allows."""
-    return clamp_chunk(hand_rule(context_length), context_length, window, layout)
-
-
-def rule_candidate(sizes: list[int], context_length: int, window: int | None, layout: str) -> int:
-    """The candidate the hand rule lands on: its size cut to what the config allows, else the largest
-    candidate below that, else the smallest. The one place the rule meets a list of candidates:
-    training scores it, and the recipe's do-no-harm and the service's answer use it."""
-    rule = rule_size(context_length, window, layout)
-    below = [size for size in sizes if size <= rule]
-    return max(below) if below else min(sizes)
-
-
-def feasible_chunks(
-    sizes: tuple[int | str, ...], context_length: int, window: int | None, layout: str
-) -> tuple[list[int], list[str]]:
-    """(the sizes a config can run, sorted, `full` being the context; a reason for each other)."""
-    chosen: list[int] = []
-    skipped: list[str] = []
-    for size in sizes:
-        chunk = context_length if size == "full" else int(size)
-        if chunk > context_length:
-            skipped.append(f"{size}: larger than the context ({context_length})")
-        elif layout == "ring" and window and chunk > window:
-            skipped.append(f"{size}: ring layout needs chunk <= window ({window})")
-        elif chunk not in chosen:
-            chosen.append(chunk)
-    return sorted(chosen), skipped
+    chunk_size: int
+    predicted_ttft_ms: float
+    top: list[Candidate]
+    rule: Candidate
+    model_version: str
+    source: Literal["model", "cache"]
+    explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
+    schedule: list[int] | None = None  # when asked: chunk sizes in order, by the per-chunk cost model
 
 
 PRESETS: dict[str, ModelShape] = {

@@ -22,9 +22,23 @@ import numpy as np
 from .features import FEATURES
 
 PRIOR = 2.0
-KIND = ["has_window", "layout", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-        "intermediate_size", "dtype_bytes", "attn_impl", "threads", "matmul_gflops", "bandwidth_gbs",
-        "call_overhead_ms", "cores"]  # fmt: skip
+KIND = [
+    "has_window",
+    "layout",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "dtype_bytes",
+    "attn_impl",
+    "threads",
+    "matmul_gflops",
+    "bandwidth_gbs",
+    "call_overhead_ms",
+    "cores",
+]
 _KIND = [FEATURES.index(name) for name in KIND]
 
 

@@ -173,8 +173,9 @@ class PerChunk:
         owner, q, h, weight = priced_chunks(x)
         n = x[:, _N]
         # the priced chunks, then each plan's first decode step (one token after n): one call per member
-        log_ms = self.chunk_log_ms(x[np.concatenate([owner, np.arange(len(x))])], np.concatenate([q, np.ones_like(n)]),
-                                   np.concatenate([h, n]))  # fmt: skip
+        log_ms = self.chunk_log_ms(
+            x[np.concatenate([owner, np.arange(len(x))])], np.concatenate([q, np.ones_like(n)]), np.concatenate([h, n])
+        )
         chunks, decode = log_ms[:, : len(q)], log_ms[:, len(q) :]  # [K, priced chunks], [K, rows]
         if adjust is not None:
             chunks = chunks + adjust(x[owner], q, h)
@@ -184,8 +185,12 @@ class PerChunk:
     def save(self, folder: Path) -> dict:
         for i, booster in enumerate(self.boosters):
             booster.save_model(str(folder / f"{self.kind}-{i}.lgb"))
-        return {"kind": self.kind, "params": self.params, "size": self.size,
-                "tokenize_ms_per_token": self.tokenize_ms_per_token}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "params": self.params,
+            "size": self.size,
+            "tokenize_ms_per_token": self.tokenize_ms_per_token,
+        }
 
     @classmethod
     def load(cls, folder: Path, saved: dict) -> PerChunk:
@@ -227,9 +232,25 @@ class PerCandidate:
 
 
 # what the analytic fit keeps apart: the model's shape, the machine, dtype, threads and kernel
-_MACHINE_AND_MODEL = [FEATURES.index(name) for name in (
-    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
-    "dtype_bytes", "attn_impl", "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores")]  # fmt: skip
+_MACHINE_AND_MODEL = [
+    FEATURES.index(name)
+    for name in (
+        "num_layers",
+        "hidden_size",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "vocab_size",
+        "dtype_bytes",
+        "attn_impl",
+        "threads",
+        "matmul_gflops",
+        "bandwidth_gbs",
+        "call_overhead_ms",
+        "cores",
+    )
+]
 _W = FEATURES.index("window")
 
 
@@ -279,7 +300,10 @@ class Analytic:
 
 
 KINDS: dict[str, type[PerChunk] | type[PerCandidate] | type[Analytic]] = {
-    "per-chunk": PerChunk, "per-candidate": PerCandidate, "analytic": Analytic}  # fmt: skip
+    "per-chunk": PerChunk,
+    "per-candidate": PerCandidate,
+    "analytic": Analytic,
+}
 
 
 def load_cost_model(folder: Path, saved: dict) -> PerChunk | PerCandidate | Analytic:

@@ -194,20 +194,46 @@ def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
         config = request.row(hardware.model_dump())
         key = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
         n, c, m = request.context_length, o.chunk_size, len(o.chunk_ms)
-        rows.append({
-            "config_key": f"{TELEMETRY_PREFIX}n{n}-{key}", "spec_name": "telemetry",
-            "model": model_name(request.shape), "family": request.shape.family,
-            **config, "hardware_id": hardware.hardware_id or "unnamed", "device_kind": "unknown",
-            "device_name": "unknown", "memory_bytes": 0, "torch_version": "", "transformers_version": "",
-            "allocator": "",
-            "chunk_size": c, "is_full": c == n, "num_chunks": m, "last_chunk": n - (m - 1) * c,
-            "tokenize_ms": o.tokenize_ms, "prefill_ms": o.prefill_ms, "first_decode_ms": o.first_decode_ms,
-            "ttft_ms": o.ttft_ms, "ttft_iqr_ms": 0.0, "ttft_cv": 0.0, "repeats": 1, "ttft_repeats_ms": [o.ttft_ms],
-            "prefill_repeats_ms": [o.prefill_ms], "chunk_ms": o.chunk_ms, "kv_cache_bytes": 0, "peak_memory_bytes": 0,
-            "noisy": False, "remeasured": 0, "started_at": o.finished_at, "finished_at": o.finished_at,
-            "harness_version": HARNESS_VERSION, "decision_source": o.source, "model_version": o.model_version,
-            "explored": o.explored,
-        })  # fmt: skip
+        rows.append(
+            {
+                "config_key": f"{TELEMETRY_PREFIX}n{n}-{key}",
+                "spec_name": "telemetry",
+                "model": model_name(request.shape),
+                "family": request.shape.family,
+                **config,
+                "hardware_id": hardware.hardware_id or "unnamed",
+                "device_kind": "unknown",
+                "device_name": "unknown",
+                "memory_bytes": 0,
+                "torch_version": "",
+                "transformers_version": "",
+                "allocator": "",
+                "chunk_size": c,
+                "is_full": c == n,
+                "num_chunks": m,
+                "last_chunk": n - (m - 1) * c,
+                "tokenize_ms": o.tokenize_ms,
+                "prefill_ms": o.prefill_ms,
+                "first_decode_ms": o.first_decode_ms,
+                "ttft_ms": o.ttft_ms,
+                "ttft_iqr_ms": 0.0,
+                "ttft_cv": 0.0,
+                "repeats": 1,
+                "ttft_repeats_ms": [o.ttft_ms],
+                "prefill_repeats_ms": [o.prefill_ms],
+                "chunk_ms": o.chunk_ms,
+                "kv_cache_bytes": 0,
+                "peak_memory_bytes": 0,
+                "noisy": False,
+                "remeasured": 0,
+                "started_at": o.finished_at,
+                "finished_at": o.finished_at,
+                "harness_version": HARNESS_VERSION,
+                "decision_source": o.source,
+                "model_version": o.model_version,
+                "explored": o.explored,
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -100,8 +100,12 @@ class Recipe:
 
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
-        saved = {"name": self.name, "cost": self.cost.save(folder), "chooser": {"z": self.chooser.z},
-                 "features": list(FEATURES)}  # fmt: skip
+        saved = {
+            "name": self.name,
+            "cost": self.cost.save(folder),
+            "chooser": {"z": self.chooser.z},
+            "features": list(FEATURES),
+        }
         (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
         return folder
 
@@ -113,8 +117,10 @@ def load_recipe(folder: Path) -> Recipe:
         raise ValueError(f"{folder} holds no {RECIPE_FILE}: not a ChunkPilot recipe (an older model?)")
     saved = json.loads(path.read_text())
     if saved.get("features") != list(FEATURES):
-        raise ValueError(f"recipe {saved.get('name')!r} was trained on {len(saved.get('features', []))} features; "
-                         f"this ChunkPilot builds {len(FEATURES)}: retrain it (chunkpilot train)")  # fmt: skip
+        raise ValueError(
+            f"recipe {saved.get('name')!r} was trained on {len(saved.get('features', []))} features; "
+            f"this ChunkPilot builds {len(FEATURES)}: retrain it (chunkpilot train)"
+        )
     return Recipe(saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]))
 
 

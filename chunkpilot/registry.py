@@ -1,15 +1,11 @@
-"""The registered model: its name and aliases, the promotion gate (the champion's recipe re-measured
-on the new run's held-out slices; a model that learnt from the engine's own prefills waits as the
-challenger until it beats the champion on prefills neither has seen), registering a trained run,
-and reading a version back for the service. The one place that knows how a model sits in MLflow;
-mlflow is imported lazily."""
+"""The registered model in MLflow: its name, aliases and tags, what the latest training did, and
+reading a version back for the service. The one place that knows how a model sits in MLflow
+(which alias a new version gets is chunkpilot/promotion.py's); mlflow is imported lazily."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,130 +17,6 @@ RECIPE = "recipe"  # run param: the registered recipe's name and params (chunkpi
 HARDWARE = "hardware.json"  # the machines of the training data, by hardware_id
 LAST_RETRAIN = "last_retrain"  # registered-model tag: what the latest training did, or why it failed
 WAITS = "waits_for_telemetry"  # version tag of a challenger that `settle` may promote
-
-
-@dataclass(frozen=True)
-class Verdict:
-    alias: str  # champion or challenger
-    reason: str
-    champion_version: str | None  # the champion it was compared with
-    champion_regret: float | None
-    waits: bool = False  # a challenger that learnt from telemetry: `settle` may promote it later
-
-
-def judge(
-    new_regret: float, champion: tuple[str, float] | None, telemetry: tuple[float, float] | None = None
-) -> Verdict:
-    """`champion` is (version, its mean regret re-measured on this run's slices) or None;
-    `telemetry`, (new, champion) mean regret on the engine's recent prefills, when the data has them:
-    the challenger must beat the champion on the slices and not lose on those."""
-    if champion is None:
-        return Verdict(CHAMPION, "no champion yet", None, None)
-    version, regret = champion
-    same = "on the same held-out slices"
-    if telemetry is not None and telemetry[0] > telemetry[1]:
-        return Verdict(CHALLENGER, f"mean regret {telemetry[0]:.4f} on this machine's recent prefills is worse than "
-                       f"champion v{version}'s {telemetry[1]:.4f}; champion kept", version, regret)  # fmt: skip
-    if new_regret < regret:
-        return Verdict(
-            CHAMPION, f"mean regret {new_regret:.4f} beats champion v{version}'s {regret:.4f} {same}", version, regret
-        )
-    return Verdict(
-        CHALLENGER,
-        f"mean regret {new_regret:.4f} does not beat champion v{version}'s {regret:.4f} {same}; champion kept",
-        version,
-        regret,
-    )
-
-
-def gate(
-    client,
-    new: dict[str, float],
-    recipe: dict,
-    rows: tuple[int, int],
-    remeasure: Callable[[dict], dict[str, float]],
-    features: str,
-) -> Verdict:
-    """The promotion gate for a freshly trained model; `recipe` its name and params (the RECIPE run
-    param), `rows` (profiled rows, telemetry prefills) of its data. Another recipe is scored against
-    the champion's recipe re-measured on this run's slices by `remeasure` (mean regret per slice and
-    `all`). The champion's own recipe (training is deterministic) retrained on more profiled rows is
-    promoted: profiles are measured the careful way and it has seen more of the machines it serves.
-    Retrained on more telemetry, single and noisy prefills, it becomes the challenger: `settle`
-    promotes it once it has beaten the champion on this machine's prefills that came after it. A
-    champion trained on other `features`, or registered before recipes (an older ChunkPilot), cannot
-    serve and is replaced."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        version = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
-    except MlflowException:
-        return judge(new["all"], None)
-    run = client.get_run(version.run_id).data.params
-    if run.get("features") != features or RECIPE not in run:
-        return Verdict(CHAMPION, f"champion v{version.version} was trained by an older ChunkPilot (other features "
-                       "or no recipe) and cannot serve this one's requests", version.version, None)  # fmt: skip
-    theirs = json.loads(run[RECIPE])
-    if theirs == recipe:
-        more = rows[0] - int(run.get("profiled_rows", run.get("rows", 0)))
-        telemetry = rows[1] - int(run.get("telemetry_prefills", 0))
-        if telemetry > 0:
-            return Verdict(CHALLENGER, f"champion v{version.version}'s recipe retrained on {telemetry} more prefills "
-                           "of telemetry: the challenger until it beats the champion on prefills it has not seen",
-                           version.version, new["all"], waits=True)  # fmt: skip
-        if more > 0:
-            return Verdict(CHAMPION, f"champion v{version.version}'s recipe retrained on {more} more profiled rows "
-                           f"(held-out mean regret {new['all']:.4f} on these slices either way)",
-                           version.version, new["all"])  # fmt: skip
-    old = new if theirs == recipe else remeasure(theirs)
-    telemetry = (new["telemetry"], old["telemetry"]) if "telemetry" in new else None
-    return judge(new["all"], (version.version, old["all"]), telemetry)
-
-
-MIN_BUCKETS = 3  # configs with both models' choices measured before a challenger is judged on telemetry
-
-
-def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]], features: str) -> str | None:
-    """Judge a waiting challenger (a version newer than the champion) against the champion on this
-    machine's prefills that finished after the challenger was registered, which neither model has
-    seen: `compare(challenger, champion, since_ms)` gives their mean regrets and the number of
-    configs measured at both choices. Strictly better on at least MIN_BUCKETS configs: it becomes
-    champion. Returns what happened (None: no challenger waiting)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        champion = client.get_model_version_by_alias(MODEL_NAME, CHAMPION)
-        challenger = client.get_model_version_by_alias(MODEL_NAME, CHALLENGER)
-    except MlflowException:
-        return None
-    if int(challenger.version) <= int(champion.version) or challenger.tags.get(WAITS) != "true":
-        return None
-    if {client.get_run(v.run_id).data.params.get("features") for v in (champion, challenger)} != {features}:
-        return None  # trained on other features than this ChunkPilot builds: the gate replaces them
-    theirs, ours, buckets = compare(str(challenger.version), str(champion.version), challenger.creation_timestamp)
-    name, held = f"challenger v{challenger.version}", f"champion v{champion.version}"
-    if buckets < MIN_BUCKETS:
-        return f"{name} not judged yet: {buckets} configs of the prefills since it was registered measure both " \
-               f"models' choices (needs {MIN_BUCKETS})"  # fmt: skip
-    verdict = f"mean regret {theirs:.4f} vs {held}'s {ours:.4f} on {buckets} configs of prefills neither had seen"
-    if theirs >= ours:
-        return f"{name} not promoted: {verdict}"
-    client.set_registered_model_alias(MODEL_NAME, CHAMPION, challenger.version)
-    client.delete_registered_model_alias(MODEL_NAME, CHALLENGER)
-    client.set_model_version_tag(MODEL_NAME, challenger.version, "promotion", f"promoted from challenger: {verdict}")
-    return f"{name} promoted: {verdict}"
-
-
-def register(client, version: str, verdict: Verdict, new_regret: float, settled: str | None = None) -> None:
-    """Move the verdict's alias to the freshly logged `version` and record why (after what `settle`
-    did to the challenger before it, if anything)."""
-    client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
-    client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
-    client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)
-    client.set_model_version_tag(MODEL_NAME, version, WAITS, str(verdict.waits).lower())
-    record_retrain(
-        client, f"v{version} {verdict.alias}: {verdict.reason}" + (f" (before it: {settled})" if settled else "")
-    )
 
 
 def record_retrain(client, outcome: str) -> None:
@@ -191,7 +63,6 @@ def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, vers
     import mlflow
     from mlflow import MlflowClient
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a model load, not a download to watch
     with quiet_mlflow():
         client = MlflowClient(tracking_uri=tracking_uri)
         version = client.get_model_version(name, version) if version else client.get_model_version_by_alias(name, alias)
@@ -199,8 +70,10 @@ def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, vers
         local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}"))
         found = sorted(local.glob(f"**/{RECIPE}/recipe.json"))
         if not found:
-            raise ValueError(f"{name} v{version.version} holds no recipe: registered by an older ChunkPilot, "
-                             "retrain it (chunkpilot train)")  # fmt: skip
+            raise ValueError(
+                f"{name} v{version.version} holds no recipe: registered by an older ChunkPilot, "
+                "retrain it (chunkpilot train)"
+            )
         hardware = mlflow.artifacts.download_artifacts(
             run_id=version.run_id, artifact_path=HARDWARE, tracking_uri=tracking_uri
         )

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 MLRUNS = Path("mlruns")
+# MLflow draws a progress bar for every artifact download (each champion load): noise in a log
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def tracking_uri() -> str:

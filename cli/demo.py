@@ -79,8 +79,12 @@ def run(args: argparse.Namespace) -> int:
     log_run(publisher, spec, report, read_dataset(report.directory), minutes)
 
     os.environ.setdefault("CHUNKPILOT_FIT_THREADS", str(len(os.sched_getaffinity(0))))  # it trains alone
-    _step(2, f"training on every profiled row under {args.data} and registering through the promotion gate (the "
-          "recipes beside the quick baselines; `chunkpilot train` adds the slower ones)", start)  # fmt: skip
+    _step(
+        2,
+        f"training on every profiled row under {args.data} and registering through the promotion gate (the "
+        "recipes beside the quick baselines; `chunkpilot train` adds the slower ones)",
+        start,
+    )
     print(train_and_report(args.data, every_baseline=False), flush=True)
 
     port = free_port()
@@ -89,8 +93,11 @@ def run(args: argparse.Namespace) -> int:
     service = start_service(port, explore_budget=explore)
     try:
         wait_ready(url, service)
-        _step(4, f"{args.model}: learning this machine from its own prefills ({len(LEARN)} prompts x {LEARN_PASSES})",
-              start)  # fmt: skip
+        _step(
+            4,
+            f"{args.model}: learning this machine from its own prefills ({len(LEARN)} prompts x {LEARN_PASSES})",
+            start,
+        )
         print(learn_with_service(args.model, url, LEARN, LEARN_PASSES), flush=True)
     finally:
         service.terminate()
@@ -132,8 +139,9 @@ def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
 
     engine = Engine(EngineConfig(model=model))
     reporter = Reporter(to_service(url), capacity=4096)
-    auto = make_auto(local_hardware(engine.config.dtype, engine.runtime.threads), service=url, timeout_s=0.5,
-                     reporter=reporter)  # fmt: skip
+    auto = make_auto(
+        local_hardware(engine.config.dtype, engine.runtime.threads), service=url, timeout_s=0.5, reporter=reporter
+    )
     explored = 0
     try:
         for k in range(passes):
@@ -144,9 +152,11 @@ def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
     finally:
         auto.close()  # flushes the telemetry
     learnt = httpx.get(f"{url}/v1/model").json().get("learnt_from_prefills", 0)
-    return (f"learning from {reporter.sent} prefills ({explored} explored a candidate other than the recipe's "
-            f"choice, {reporter.dropped} dropped): the service's correction now holds {learnt} prefills of this "
-            "machine")  # fmt: skip
+    return (
+        f"learning from {reporter.sent} prefills ({explored} explored a candidate other than the recipe's "
+        f"choice, {reporter.dropped} dropped): the service's correction now holds {learnt} prefills of this "
+        "machine"
+    )
 
 
 def compare_with_service(model: str, url: str, max_rounds: int, cases: list | None = None) -> str:

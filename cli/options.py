@@ -24,9 +24,13 @@ def add_attention_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", help="sliding window in tokens, or 'none' (default: the model's own)")
     parser.add_argument("--kv-layout", default="shift", choices=LAYOUTS)
     parser.add_argument("--sinks", default="0", help="first tokens every query sees besides the window")
-    parser.add_argument("--global-tokens", action="append", help="tokens every later query sees besides the window "
-                        "(selective SWA): positions 0,17,42, a token id id:5 or text:MARKER (its every occurrence); "
-                        "repeatable")  # fmt: skip
+    parser.add_argument(
+        "--global-tokens",
+        action="append",
+        help="tokens every later query sees besides the window "
+        "(selective SWA): positions 0,17,42, a token id id:5 or text:MARKER (its every occurrence); "
+        "repeatable",
+    )
 
 
 def add_predictor_args(parser: argparse.ArgumentParser) -> None:
@@ -34,10 +38,18 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictor-timeout-ms", default="50", help="give up on the service after this long")
     parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
     parser.add_argument("--no-telemetry", action="store_true", help="auto: do not report the prefills' outcomes")
-    parser.add_argument("--schedule", action="store_true", help="auto: ask for a chunk schedule (sizes that change "
-                        "along the prompt) chosen by the per-chunk cost model, when the champion has one")  # fmt: skip
-    parser.add_argument("--telemetry-dir", type=Path, help="auto --in-process: the local partition of the outcomes "
-                        "(default: $CHUNKPILOT_TELEMETRY_DIR, else data/ttft/telemetry, as the service)")  # fmt: skip
+    parser.add_argument(
+        "--schedule",
+        action="store_true",
+        help="auto: ask for a chunk schedule (sizes that change "
+        "along the prompt) chosen by the per-chunk cost model, when the champion has one",
+    )
+    parser.add_argument(
+        "--telemetry-dir",
+        type=Path,
+        help="auto --in-process: the local partition of the outcomes "
+        "(default: $CHUNKPILOT_TELEMETRY_DIR, else data/ttft/telemetry, as the service)",
+    )
 
 
 def auto_from_args(args: argparse.Namespace, engine):

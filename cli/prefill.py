@@ -30,10 +30,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="prompt text")
     prompt.add_argument("--prompt-file", type=Path, help="file holding the prompt text")
-    prompt.add_argument("--prompts", type=Path, help="a stream: JSON lines of {\"text\": ...} or "
-                        "{\"context_length\": N, \"seed\": S}, served one after another")  # fmt: skip
-    parser.add_argument("--no-overlap", action="store_true", help="--prompts: prepare each request on its turn, "
-                        "not during the previous prefill")  # fmt: skip
+    prompt.add_argument(
+        "--prompts",
+        type=Path,
+        help='a stream: JSON lines of {"text": ...} or {"context_length": N, "seed": S}, served one after another',
+    )
+    parser.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="--prompts: prepare each request on its turn, not during the previous prefill",
+    )
     parser.add_argument("--context-length", help="prompt length in tokens: synthetic text, or a cap on a given text")
     parser.add_argument(
         "--chunk-size",
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 "layout": attention.layout,
                 "sinks": attention.sinks,
                 "global_tokens": measurement.runs[0].global_tokens,
-            },  # fmt: skip
+            },
             "dtype": config.dtype,
             "attn_impl": config.attn_impl,
             "compile": config.compile,

@@ -67,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
         f"{report.over_budget} left out by the budget, {len(report.failed)} failed; "
         f"dataset: {len(dataset)} rows in {report.directory}"
     )
-    if publisher is not None and (run_id := _tracked(lambda: log_run(publisher, spec, report, dataset, budget),
-                                                     "closing the profiling run")):  # fmt: skip
+    if publisher is not None and (
+        run_id := _tracked(lambda: log_run(publisher, spec, report, dataset, budget), "closing the profiling run")
+    ):
         print(f"logged to MLflow experiment 'profiling', run {run_id}, each finished config as an artifact")
     if report.interrupted:
         print("interrupted: finished configs are saved; rerun the same command to resume", file=sys.stderr)

@@ -66,22 +66,27 @@ def run_stream(args: argparse.Namespace, policy) -> int:
             line.context_length,
             attention,
             globals_,
-        )  # fmt: skip
+        )
         for line in lines
     ]
     overlap = not args.no_overlap
     try:
         engine.run(requests[0].text, requests[0].max_tokens, attention, policy, globals_)  # warm-up, not reported
         if not args.json:
-            print(f"{'#':>3}{'tokens':>8}{'chunk':>7}  {'source':<10}{'tokenize':>9}{'decide':>8}{'prefill':>10}"
-                  f"{'TTFT':>10}  (ms; overlap {'on' if overlap else 'off'})")  # fmt: skip
+            print(
+                f"{'#':>3}{'tokens':>8}{'chunk':>7}  {'source':<10}{'tokenize':>9}{'decide':>8}{'prefill':>10}"
+                f"{'TTFT':>10}  (ms; overlap {'on' if overlap else 'off'})"
+            )
         for i, result in enumerate(stream(engine, requests, policy, overlap), 1):
             if args.json:
                 print(json.dumps({"request": i, "overlap": overlap, **result.to_dict()}), flush=True)
             else:
-                print(f"{i:>3}{result.context_length:>8}{result.chunk_size:>7}  {result.decision_source:<10}"
-                      f"{result.tokenize_ms:>9.1f}{result.decision_ms:>8.2f}{result.prefill_ms:>10.1f}"
-                      f"{result.ttft_ms:>10.1f}", flush=True)  # fmt: skip
+                print(
+                    f"{i:>3}{result.context_length:>8}{result.chunk_size:>7}  {result.decision_source:<10}"
+                    f"{result.tokenize_ms:>9.1f}{result.decision_ms:>8.2f}{result.prefill_ms:>10.1f}"
+                    f"{result.ttft_ms:>10.1f}",
+                    flush=True,
+                )
     finally:
         if hasattr(policy, "close"):
             policy.close()

@@ -8,17 +8,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from pydantic import Field, model_validator
 
-from chunkpilot.contract import (
-    AttentionConfig,
-    AttnImpl,
-    ConfigError,
-    Contract,
-    Dtype,
-    RequestFeatures,
-    number,
-    spread_positions,
-    uniform,
-)
+from chunkpilot.chunks import spread_positions, uniform
+from chunkpilot.contract import AttentionConfig, AttnImpl, ConfigError, Contract, Dtype, RequestFeatures, number
 
 from . import runtime
 from .global_tokens import GlobalTokens

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from chunkpilot.contract import DEFAULT_CHUNKS, AttentionConfig, ConfigError, feasible_chunks
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
+from chunkpilot.contract import AttentionConfig, ConfigError
 
 from .measure import interleaved, resampled_rounds
 from .policy import ChunkPolicy, FixedPolicy

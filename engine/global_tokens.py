@@ -27,8 +27,9 @@ class GlobalTokens:
                 try:
                     positions += [number("global_tokens", v.strip(), int, ge=0) for v in value.split(",")]
                 except ConfigError:
-                    raise ConfigError("global_tokens", "give positions like 0,17,42, id:TOKEN_ID or text:MARKER; "
-                                      f"got {value!r}") from None  # fmt: skip
+                    raise ConfigError(
+                        "global_tokens", f"give positions like 0,17,42, id:TOKEN_ID or text:MARKER; got {value!r}"
+                    ) from None
         return cls(tuple(positions), tuple(ids), tuple(markers))
 
     def resolve(self, ids: list[int], encode) -> list[int]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from chunkpilot.contract import ConfigError, RequestFeatures, number, rule_size
+from chunkpilot.chunks import rule_size
+from chunkpilot.contract import ConfigError, RequestFeatures, number
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
+from pydantic import ValidationError
 
-from chunkpilot.contract import ChunkRequest, ConfigError, Hardware, Outcome, RequestFeatures, quarter_octave
+from chunkpilot.chunks import quarter_octave
+from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
 from .policy import Decision, RulePolicy
@@ -76,6 +78,9 @@ def failure_reason(exc: Exception, url: str, timeout_s: float) -> str:
         return f"the service answered {exc.response.status_code}: {detail}"
     if isinstance(exc, httpx.TransportError):
         return f"cannot reach {url}: {exc or type(exc).__name__}"
+    if isinstance(exc, ValidationError):  # one line: the first field the answer broke
+        first = exc.errors()[0]
+        return f"unusable answer from {url}: {'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}"
     return f"unusable answer from {url}: {exc}"
 
 
@@ -162,12 +167,11 @@ class AutoPolicy(Observing):
         body = ask(request, self.hardware, self.schedule).model_dump(mode="json")
         response = self.client.post("/v1/chunk-size", json=body)
         response.raise_for_status()
-        answer = response.json()
-        chunk = answer["chunk_size"]
-        if not isinstance(chunk, int) or not 1 <= chunk <= request.max_chunk:
-            raise ValueError(f"infeasible chunk {chunk!r} (allowed 1..{request.max_chunk})")
-        schedule = checked_schedule(answer.get("schedule"), request)
-        return chunk, str(answer["model_version"]), bool(answer.get("explored", False)), schedule
+        answer = ChunkResponse.model_validate_json(response.content, strict=True)  # the service's own model
+        if not 1 <= answer.chunk_size <= request.max_chunk:
+            raise ValueError(f"infeasible chunk {answer.chunk_size} (allowed 1..{request.max_chunk})")
+        schedule = checked_schedule(answer.schedule, request)
+        return answer.chunk_size, answer.model_version, answer.explored, schedule
 
     def close(self) -> None:
         self.client.close()

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from chunkpilot.contract import uniform
+from chunkpilot.chunks import uniform
 
 from .attention import StepMasks
 from .kv_cache import ChunkCache

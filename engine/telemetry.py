@@ -85,12 +85,18 @@ class Reporter:
 def outcome(request: ChunkRequest, result: TTFTResult) -> dict:
     """One prefill as the contract's Outcome reads it; checked where it lands, not on this thread."""
     return {
-        "request": request.model_dump(mode="json"), "chunk_size": result.chunk_size,
-        "source": result.decision_source, "model_version": result.decision_model_version,
+        "request": request.model_dump(mode="json"),
+        "chunk_size": result.chunk_size,
+        "source": result.decision_source,
+        "model_version": result.decision_model_version,
         "explored": result.decision_explored,
-        "tokenize_ms": result.tokenize_ms, "prefill_ms": result.prefill_ms, "first_decode_ms": result.first_decode_ms,
-        "ttft_ms": result.ttft_ms, "chunk_ms": result.chunk_ms, "finished_at": datetime.now(UTC).isoformat(),
-    }  # fmt: skip
+        "tokenize_ms": result.tokenize_ms,
+        "prefill_ms": result.prefill_ms,
+        "first_decode_ms": result.first_decode_ms,
+        "ttft_ms": result.ttft_ms,
+        "chunk_ms": result.chunk_ms,
+        "finished_at": datetime.now(UTC).isoformat(),
+    }
 
 
 def to_service(url: str, token: str | None = None, timeout_s: float = 2.0) -> Send:

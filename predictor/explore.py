@@ -1,6 +1,6 @@
 """Bounded exploration: a learner that only sees its own choice never learns it was wrong. The
 service may answer another candidate instead: the waiting challenger's choice where it differs (so
-that the gate can compare the two models on measured prefills, registry.settle), else the candidate
+that the gate can compare the two models on measured prefills, promotion.settle), else the candidate
 whose measurement is expected to gain the most (Answer.gains: the expected improvement over the
 choice under the members' spread of the gap, at least predictor.model.GAP_SD_FLOOR, so a candidate
 predicted slightly slower but very uncertain is worth more than a runner-up the ensemble agrees on).
@@ -58,5 +58,6 @@ class Explorer:
             self._last[key] = None
             if len(self._last) > self.memory:
                 self._last.popitem(last=False)
-        return dataclasses.replace(best, chunk_size=other.chunk_size, predicted_ttft_ms=other.predicted_ttft_ms,
-                                   explored=True)  # fmt: skip
+        return dataclasses.replace(
+            best, chunk_size=other.chunk_size, predicted_ttft_ms=other.predicted_ttft_ms, explored=True
+        )

@@ -15,22 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from chunkpilot import registry
-from chunkpilot.contract import (
-    DEFAULT_CHUNKS,
-    ChunkRequest,
-    Hardware,
-    Outcome,
-    feasible_chunks,
-    max_chunk,
-    rule_candidate,
-)
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
+from chunkpilot.contract import Candidate, ChunkRequest, Hardware, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import build
 from chunkpilot.recipe import Recipe, load_recipe
 
 from .schedule import best_schedule
-from .schemas import Candidate
 
 TOP = 5  # candidates returned with their predictions
 # the members share their training data and its biases, so their spread understates how wrong a
@@ -100,7 +92,7 @@ class Predictor:
     recipe: Recipe
     hardware: dict  # hardware_id -> {"static": {...}, "descriptors": {"dtype/threads": {...}}}
     info: dict = field(default_factory=dict)  # shown by GET /v1/model
-    waits: bool = False  # a challenger waiting to be judged on prefills it has not seen (registry.settle)
+    waits: bool = False  # a challenger waiting to be judged on prefills it has not seen (promotion.settle)
 
     def __post_init__(self) -> None:
         if isinstance(self.recipe.cost, PerChunk) and self.recipe.correction is None:
@@ -230,8 +222,16 @@ def past_outcomes(telemetry: Path) -> list[Outcome]:
         return []
     rows = read_dataset(telemetry)
     return [
-        Outcome(request=ChunkRequest.from_row(row), chunk_size=row["chunk_size"], source="service",
-                tokenize_ms=row["tokenize_ms"], prefill_ms=row["prefill_ms"], first_decode_ms=row["first_decode_ms"],
-                ttft_ms=row["ttft_ms"], chunk_ms=list(row["chunk_ms"]), finished_at=row["finished_at"])
+        Outcome(
+            request=ChunkRequest.from_row(row),
+            chunk_size=row["chunk_size"],
+            source="service",
+            tokenize_ms=row["tokenize_ms"],
+            prefill_ms=row["prefill_ms"],
+            first_decode_ms=row["first_decode_ms"],
+            ttft_ms=row["ttft_ms"],
+            chunk_ms=list(row["chunk_ms"]),
+            finished_at=row["finished_at"],
+        )
         for row in rows[rows.chunk_ms.notna()].to_dict("records")
-    ]  # fmt: skip
+    ]

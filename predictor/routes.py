@@ -12,10 +12,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from chunkpilot.contract import ChunkRequest, ConfigError, Outcome
+from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Outcome
 
 from .model import Answer
-from .schemas import BatchRequest, BatchResponse, ChunkResponse, Feedback, FeedbackResult
+from .schemas import BatchRequest, BatchResponse, Feedback, FeedbackResult
 from .service import ServiceState
 
 
@@ -92,8 +92,15 @@ async def readyz(state: State) -> JSONResponse:
     if state.predictor is None:
         return JSONResponse({"ready": False, "reason": state.not_ready}, status_code=503)
     challenger = state.challenger.version if state.challenger else None  # whose picks exploring measures
-    return JSONResponse({"ready": True, "version": state.predictor.version, "challenger": challenger,
-                         "last_reload_error": state.last_error, "last_retrain": state.last_retrain})  # fmt: skip
+    return JSONResponse(
+        {
+            "ready": True,
+            "version": state.predictor.version,
+            "challenger": challenger,
+            "last_reload_error": state.last_error,
+            "last_retrain": state.last_retrain,
+        }
+    )
 
 
 @router.post("/v1/feedback", responses={401: {}, 403: {}})

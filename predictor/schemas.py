@@ -1,13 +1,13 @@
-"""The service's bodies beyond the one request (chunkpilot.contract.ChunkRequest): the batch and
-the answers."""
+"""The service's bodies beyond the one request and its answer (chunkpilot.contract: ChunkRequest,
+ChunkResponse, which the engine parses too): the batch and the feedback."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-from chunkpilot.contract import ChunkRequest, Contract
+from chunkpilot.contract import ChunkRequest, ChunkResponse, Contract
 
 
 class BatchRequest(Contract):
@@ -23,22 +23,6 @@ class Feedback(Contract):
 class FeedbackResult(BaseModel):
     accepted: int
     rejected: dict[str, int]  # by the field an outcome broke
-
-
-class Candidate(BaseModel):
-    chunk_size: int
-    predicted_ttft_ms: float
-
-
-class ChunkResponse(BaseModel):
-    chunk_size: int
-    predicted_ttft_ms: float
-    top: list[Candidate]
-    rule: Candidate
-    model_version: str
-    source: Literal["model", "cache"]
-    explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
-    schedule: list[int] | None = None  # when asked: chunk sizes in order, by the per-chunk cost model
 
 
 class BatchResponse(BaseModel):

@@ -13,7 +13,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from chunkpilot import registry
-from chunkpilot.contract import ChunkRequest, quarter_octave
+from chunkpilot.chunks import quarter_octave
+from chunkpilot.contract import ChunkRequest
 from chunkpilot.dataset import Partition
 from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
 from chunkpilot.registry import CHALLENGER
@@ -41,15 +42,24 @@ class ServiceMetrics:
         self.outcomes = Counter(
             "chunkpilot_outcomes", "Telemetry outcomes by result (accepted, rejected)", ["result"], registry=registry
         )
-        self.outcome_rejections = Counter("chunkpilot_outcome_rejections", "Telemetry outcomes refused, by the field "
-                                          "that broke the contract", ["reason"], registry=registry)  # fmt: skip
+        self.outcome_rejections = Counter(
+            "chunkpilot_outcome_rejections",
+            "Telemetry outcomes refused, by the field that broke the contract",
+            ["reason"],
+            registry=registry,
+        )
         self.explored = Counter(
             "chunkpilot_explored", "Answers that explored a non-argmin candidate", registry=registry
         )
-        self.explore_share = Gauge("chunkpilot_explore_spent_share", "Predicted extra TTFT of exploring / TTFT served",
-                                   registry=registry)  # fmt: skip
-        self.published = Counter("chunkpilot_telemetry_published", "Telemetry files published to the tracking "
-                                 "server, by result (ok, failed)", ["result"], registry=registry)  # fmt: skip
+        self.explore_share = Gauge(
+            "chunkpilot_explore_spent_share", "Predicted extra TTFT of exploring / TTFT served", registry=registry
+        )
+        self.published = Counter(
+            "chunkpilot_telemetry_published",
+            "Telemetry files published to the tracking server, by result (ok, failed)",
+            ["result"],
+            registry=registry,
+        )
         self.model_version = Gauge(
             "chunkpilot_model_version", "Registered model version being served", registry=registry
         )

@@ -27,8 +27,15 @@ class Settings(BaseSettings):
     store_retries: int = Field(default=0, ge=0, le=10, description="MLflow HTTP retries per request")
     host: str = Field(default="127.0.0.1", description="the bind address: beyond loopback, feedback needs the token")
     telemetry_dir: Path = Field(default=TELEMETRY, description="where accepted outcomes go")
-    explore_budget: float = Field(default=0.01, ge=0, le=0.5, description="share of the served (predicted) TTFT "
-                                  "exploring may cost; 0: never explore")  # fmt: skip
+    explore_budget: float = Field(
+        default=0.01,
+        ge=0,
+        le=0.5,
+        description="share of the served (predicted) TTFT exploring may cost; 0: never explore",
+    )
     telemetry_max_bytes: int = Field(default=256 * 2**20, ge=2**16, description="the oldest files go beyond this")
-    publish_telemetry: bool = Field(default=False, description="also publish each telemetry file to the tracking "
-                                    "server, for `chunkpilot train --from-tracking` (a fleet of replicas)")  # fmt: skip
+    publish_telemetry: bool = Field(
+        default=False,
+        description="also publish each telemetry file to the tracking "
+        "server, for `chunkpilot train --from-tracking` (a fleet of replicas)",
+    )

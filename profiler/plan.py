@@ -41,8 +41,9 @@ def config_cost(config: ProfileConfig, shape: ModelShape, chunks: list[int], pas
     """(FLOPs, forward calls) to run every candidate `passes` times: the feature builder's analytic
     terms (projections, attention with keys limited by the window) and one call per chunk."""
     n, window, layers = config.context_length, config.window or math.inf, shape.num_layers
-    linear = linear_flops(n, layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim,
-                          shape.intermediate_size)  # fmt: skip
+    linear = linear_flops(
+        n, layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
+    )
     attention = [4 * layers * shape.num_heads * shape.head_dim * float(keys_sum(n, c, window)) for c in chunks]
     calls = sum(math.ceil(n / c) for c in chunks)
     return (linear * len(chunks) + sum(attention)) * passes, calls * passes

@@ -13,16 +13,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from chunkpilot.contract import (
-    DEFAULT_CHUNKS,
-    MAX_CONTEXT,
-    AttentionConfig,
-    AttnImpl,
-    ConfigError,
-    Contract,
-    Dtype,
-    feasible_chunks,
-)  # fmt: skip
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
+from chunkpilot.contract import MAX_CONTEXT, AttentionConfig, AttnImpl, ConfigError, Contract, Dtype
 
 Length = Annotated[int, Field(ge=1, le=MAX_CONTEXT)]
 

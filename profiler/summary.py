@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from chunkpilot.contract import clamp_chunk, rule_size
+from chunkpilot.chunks import clamp_chunk, rule_size
 
 
 def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:

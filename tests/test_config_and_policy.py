@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from chunkpilot.contract import PRESETS, AttentionConfig, ConfigError, ModelShape, RequestFeatures, hand_rule
+from chunkpilot.chunks import hand_rule
+from chunkpilot.contract import PRESETS, AttentionConfig, ConfigError, ModelShape, RequestFeatures
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy, parse_policy
 
 

@@ -40,9 +40,15 @@ def chunkpilot(url: str, *args: str, cwd: Path, cores: set[int] | None = None) -
     env = {**os.environ, "MLFLOW_TRACKING_URI": url, "PYTHONUNBUFFERED": "1"}
     pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
     return subprocess.Popen(
-        [sys.executable, "-m", "cli", *args], cwd=cwd, env=env, preexec_fn=pin, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "cli", *args],
+        cwd=cwd,
+        env=env,
+        preexec_fn=pin,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def runs_of(url: str, spec: str) -> list:
@@ -62,10 +68,9 @@ def test_two_machines_profile_at_once_and_one_training_sees_both(server, tmp_pat
     for name in machines:
         (tmp_path / name).mkdir()
     profilers = {
-        name: chunkpilot(server, "profile", "--spec", str(write_spec(tmp_path, SPEC)), cwd=tmp_path / name,
-                         cores=cores)
+        name: chunkpilot(server, "profile", "--spec", str(write_spec(tmp_path, SPEC)), cwd=tmp_path / name, cores=cores)
         for name, cores in machines.items()
-    }  # fmt: skip
+    }
     for proc in profilers.values():
         output, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, output
@@ -134,8 +139,9 @@ def test_a_killed_profiler_leaves_nothing_half_written_that_training_reads(serve
 
     # a listed file that is not what was listed is refused, named (in the run whose copy training takes)
     owner = max((r for r in runs if (hardware_id, published[0]) in listed(r)), key=lambda r: r.info.start_time)
-    client.log_artifact(owner.info.run_id, str(cut.rename(cut.with_name(f"{published[0]}.parquet"))),
-                        f"partitions/{hardware_id}")  # fmt: skip
+    client.log_artifact(
+        owner.info.run_id, str(cut.rename(cut.with_name(f"{published[0]}.parquet"))), f"partitions/{hardware_id}"
+    )
     client.set_tag(owner.info.run_id, f"{PARTITION}{hardware_id}/{published[0]}", "0" * 64)
     with pytest.raises(DataError, match=f"partition {hardware_id}/{published[0]}: the file does not match"):
         gather(client, tmp_path / "refused")
@@ -157,8 +163,9 @@ def test_a_replicas_telemetry_is_published_for_training(server, tmp_path):
     from predictor.app import create_app
     from predictor.settings import Settings
 
-    settings = Settings(tracking_uri=server, poll_interval_s=0, telemetry_dir=tmp_path / "telemetry",
-                        publish_telemetry=True)  # fmt: skip
+    settings = Settings(
+        tracking_uri=server, poll_interval_s=0, telemetry_dir=tmp_path / "telemetry", publish_telemetry=True
+    )
     client = MlflowClient(server)
 
     def published() -> int:
@@ -176,6 +183,7 @@ def test_a_replicas_telemetry_is_published_for_training(server, tmp_path):
     assert again.downloaded == 0 and sorted(p.name for p in again.root.rglob("*.parquet")) == sorted(
         p.name for p in gathered.root.rglob("*.parquet")
     )
-    fleet, local = (read_dataset(root).sort_values("chunk_size") for root in (gathered.root / "telemetry",
-                                                                               tmp_path / "telemetry"))  # fmt: skip
+    fleet, local = (
+        read_dataset(root).sort_values("chunk_size") for root in (gathered.root / "telemetry", tmp_path / "telemetry")
+    )
     assert fleet.ttft_ms.tolist() == local.ttft_ms.tolist() and fleet.config_key.tolist() == local.config_key.tolist()

@@ -11,7 +11,8 @@ import torch
 from conftest import ROOT
 from reference import reference_logits
 
-from chunkpilot.contract import MAX_GLOBAL_TOKENS, AttentionConfig, ChunkRequest, ConfigError, spread_positions
+from chunkpilot.chunks import spread_positions
+from chunkpilot.contract import MAX_GLOBAL_TOKENS, AttentionConfig, ChunkRequest, ConfigError
 from chunkpilot.features import FEATURES, build
 from cli import main
 from engine.engine import Prompt
@@ -92,7 +93,10 @@ def test_the_profiler_sweeps_global_tokens_without_moving_older_keys():
     spec = Spec.from_file(ROOT / "data/specs/global-tokens.yaml")
     counts = {c.global_tokens for c in spec.configs}
     assert counts == {0, 8, 64}
-    keys = {c.global_tokens: c.key for c in spec.configs if c.context_length == 2048 and c.layout == "ring"
-            and c.model == "llama-tiny"}  # fmt: skip
+    keys = {
+        c.global_tokens: c.key
+        for c in spec.configs
+        if c.context_length == 2048 and c.layout == "ring" and c.model == "llama-tiny"
+    }
     assert "g64" in keys[64] and "g" not in keys[0].split("-w")[1].split("-")[0][1:]
     assert all(c.attention.global_tokens == c.global_tokens for c in spec.configs)

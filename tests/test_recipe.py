@@ -79,8 +79,10 @@ def test_the_correction_moves_what_this_machine_measured_and_its_kind_only(fold)
     measured = test.x[(config & (rows.chunk_size == 64)).to_numpy()]  # [1, FEATURES]
     larger = test.x[(config & (rows.chunk_size == 128)).to_numpy()]  # the same prompt in chunks of 128
     other_kind = test.x[(rows.model != rows.model[config].iloc[0]).to_numpy()][:1]  # another model shape
-    before = {name: recipe.members(x).mean() for name, x in (("measured", measured), ("larger", larger),
-                                                             ("other", other_kind))}  # fmt: skip
+    before = {
+        name: recipe.members(x).mean()
+        for name, x in (("measured", measured), ("larger", larger), ("other", other_kind))
+    }
     _, q, h = expand(measured)
     predicted = np.exp(recipe.cost.chunk_log_ms(measured[[0] * len(q)], q, h).mean(0))
     recipe.correction = Correction()

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
 
-from chunkpilot.contract import DEFAULT_CHUNKS, PRESETS, AttentionConfig, ChunkRequest, feasible_chunks
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
+from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest
 from chunkpilot.registry import MODEL_NAME
 from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy, Breaker

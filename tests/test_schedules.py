@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from servers import serve
 
-from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, max_chunk, uniform
+from chunkpilot.chunks import max_chunk, uniform
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
 from chunkpilot.features import build
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from engine.engine import Prompt
@@ -79,8 +80,9 @@ def test_the_search_stays_small_for_any_request(trained_store):
     n = 1 << 20
 
     def ask(candidates):
-        return predictor.decide(ChunkRequest(context_length=n, model="llama-tiny", hardware=HARDWARE,
-                                             candidates=candidates, schedule=True))  # fmt: skip
+        return predictor.decide(
+            ChunkRequest(context_length=n, model="llama-tiny", hardware=HARDWARE, candidates=candidates, schedule=True)
+        )
 
     assert ask([1, 3]).schedule is None
     assert set(ask([1 << 14, 1 << 15]).schedule) <= {1 << 15, n}  # 16k chunks would need 64 boundaries

@@ -89,9 +89,14 @@ def test_prompts_file_streams_each_line(capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "line, field_name",
-    [('{"context_length": 0}', "prompts line 2: context_length"), ("{}", "prompts line 2: text"),
-     ("[1]", "prompts line 2"), ("not json", "prompts line 2"), ('{"txt": "x"}', "prompts line 2: txt")],
-)  # fmt: skip
+    [
+        ('{"context_length": 0}', "prompts line 2: context_length"),
+        ("{}", "prompts line 2: text"),
+        ("[1]", "prompts line 2"),
+        ("not json", "prompts line 2"),
+        ('{"txt": "x"}', "prompts line 2: txt"),
+    ],
+)
 def test_a_bad_prompts_line_is_named(capsys, tmp_path, line, field_name):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"context_length": 50}\n' + line + "\n")

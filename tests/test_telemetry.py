@@ -12,15 +12,8 @@ import httpx
 import pytest
 from servers import free_port, serve
 
-from chunkpilot.contract import (
-    DEFAULT_CHUNKS,
-    AttentionConfig,
-    ChunkRequest,
-    Hardware,
-    Outcome,
-    RequestFeatures,
-    feasible_chunks,
-)
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome, RequestFeatures
 from chunkpilot.dataset import Partition, read_dataset
 from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy
@@ -29,16 +22,26 @@ from predictor.app import create_app
 from predictor.settings import Settings
 from training.data import load_table, merge_telemetry
 
-HARDWARE = Hardware(hardware_id="telemetry-test", matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9,
-                    cores=2)  # fmt: skip
+HARDWARE = Hardware(
+    hardware_id="telemetry-test", matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9, cores=2
+)
 
 
 def outcome(**change) -> dict:
     """A valid outcome: 1000 tokens in chunks of 256 (4 chunks)."""
     request = ChunkRequest(context_length=1000, model="llama-tiny", hardware=HARDWARE)
-    base = dict(request=request.model_dump(mode="json"), chunk_size=256, source="service", model_version="1",
-                tokenize_ms=1.0, prefill_ms=40.0, first_decode_ms=2.0, ttft_ms=43.5, chunk_ms=[9.0, 9.5, 10.0, 10.5],
-                finished_at=datetime.now(UTC).isoformat())  # fmt: skip
+    base = dict(
+        request=request.model_dump(mode="json"),
+        chunk_size=256,
+        source="service",
+        model_version="1",
+        tokenize_ms=1.0,
+        prefill_ms=40.0,
+        first_decode_ms=2.0,
+        ttft_ms=43.5,
+        chunk_ms=[9.0, 9.5, 10.0, 10.5],
+        finished_at=datetime.now(UTC).isoformat(),
+    )
     return {**base, **change}
 
 
@@ -110,12 +113,14 @@ def test_bad_outcomes_are_refused_by_the_field_they_break(service, change, reaso
 
 
 def test_beyond_loopback_feedback_needs_the_token(trained_store, tmp_path):
-    open_app = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, host="0.0.0.0",
-                                   telemetry_dir=tmp_path))  # fmt: skip
+    open_app = create_app(
+        Settings(tracking_uri=trained_store, poll_interval_s=0, host="0.0.0.0", telemetry_dir=tmp_path)
+    )
     with serve(open_app) as url:
         assert httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome()]}).status_code == 403
-    guarded = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, host="0.0.0.0", admin_token="t",
-                                  telemetry_dir=tmp_path))  # fmt: skip
+    guarded = create_app(
+        Settings(tracking_uri=trained_store, poll_interval_s=0, host="0.0.0.0", admin_token="t", telemetry_dir=tmp_path)
+    )
     with serve(guarded) as url:
         assert httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome()]}).status_code == 401
         ok = httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome()]}, headers={"authorization": "Bearer t"})
@@ -159,8 +164,9 @@ def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
     partition = Partition(tmp_path / "telemetry")
     fast = [Outcome.model_validate(outcome(ttft_ms=t, prefill_ms=t - 4)) for t in (43.5, 45.0, 44.0)]
     slow = [Outcome.model_validate(outcome(chunk_size=500, chunk_ms=[30.0, 30.0], ttft_ms=70.0, prefill_ms=66.0))]
-    lonely = [Outcome.model_validate(outcome(request={**outcome()["request"], "context_length": 2000},
-                                             chunk_ms=[5.0] * 8))]  # fmt: skip
+    lonely = [
+        Outcome.model_validate(outcome(request={**outcome()["request"], "context_length": 2000}, chunk_ms=[5.0] * 8))
+    ]
     partition.append(fast + slow + lonely)
     rows = merge_telemetry(read_dataset(tmp_path / "telemetry")).sort_values(["context_length", "chunk_size"])
     assert rows[["context_length", "chunk_size", "repeats", "ttft_ms"]].values.tolist() == [
@@ -178,8 +184,8 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
     import math
 
+    from chunkpilot.contract import Candidate
     from predictor.model import Answer, expected_gain
-    from predictor.schemas import Candidate
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
     gain = expected_gain(math.log(other_ms / best_ms), sd) * best_ms
@@ -201,9 +207,9 @@ def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expecte
 
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
+    from chunkpilot.contract import Candidate
     from predictor.explore import Explorer
     from predictor.model import Answer
-    from predictor.schemas import Candidate
 
     sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
     # the runner-up (768) is 1% slower but the members agree; 256 is 10% slower but they disagree widely
@@ -260,7 +266,7 @@ def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trai
 
 
 def test_the_gate_keeps_a_champion_the_challenger_loses_to_on_recent_prefills():
-    from chunkpilot.registry import judge
+    from chunkpilot.promotion import judge
 
     assert judge(0.02, ("3", 0.05), telemetry=(0.01, 0.02)).alias == "champion"
     kept = judge(0.02, ("3", 0.05), telemetry=(0.04, 0.02))  # better on the slices, worse on this machine
@@ -338,11 +344,11 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
 
 
 def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_unseen_prefills(tmp_path):
-    """registry.settle's rule with a fake judge (a unit test: the comparison itself is the test
+    """promotion.settle's rule with a fake judge (a unit test: the comparison itself is the test
     above): a real store holding a champion and a challenger that learnt from telemetry."""
     from mlflow import MlflowClient
 
-    from chunkpilot import registry
+    from chunkpilot import promotion, registry
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     client.create_registered_model(registry.MODEL_NAME)
@@ -354,7 +360,7 @@ def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_un
     client.set_registered_model_alias(registry.MODEL_NAME, registry.CHALLENGER, "2")
 
     def settle(judge):
-        return registry.settle(client, judge, "a,b")
+        return promotion.settle(client, judge, "a,b")
 
     assert settle(lambda *_: (0.0, 0.1, 9)) is None  # not a telemetry challenger: never
     client.set_model_version_tag(registry.MODEL_NAME, "2", registry.WAITS, "true")

@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import servers
 
+from chunkpilot.promotion import judge
 from chunkpilot.recipe import DEFAULT, RECIPES
-from chunkpilot.registry import MODEL_NAME, judge
+from chunkpilot.registry import MODEL_NAME
 from cli import main
 from training.baselines import baselines
 from training.data import load_table
@@ -132,8 +133,17 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     assert aliases(client) == {"champion": "1", "challenger": "2"}
     runs = client.search_runs([client.get_experiment_by_name("chunk-size").experiment_id])
     names = {r.info.run_name for r in runs}
-    assert names >= {"fixed-1024", "best-fixed", "hand-rule", "analytic-fit", "nearest-config", "lgbm-classifier",
-                     "lgbm-ranker", "lgbm-rank-level", *RECIPES}  # fmt: skip
+    assert names >= {
+        "fixed-1024",
+        "best-fixed",
+        "hand-rule",
+        "analytic-fit",
+        "nearest-config",
+        "lgbm-classifier",
+        "lgbm-ranker",
+        "lgbm-rank-level",
+        *RECIPES,
+    }
     do_no_harm = next(r for r in runs if r.info.run_name == "per-candidate")
     assert do_no_harm.data.tags["role"] == "recipe" and 0 <= do_no_harm.data.metrics["deferred"] <= 1
     assert do_no_harm.data.params["cost_model"] == "per-candidate"  # the compare view's parameter rows
@@ -200,7 +210,7 @@ def test_a_champion_of_an_older_chunkpilot_is_replaced(tmp_path):
     serve (the service refuses to load it, saying why); the gate replaces it without re-measuring it."""
     from mlflow import MlflowClient
 
-    from chunkpilot.registry import gate
+    from chunkpilot.promotion import gate
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     client.create_registered_model(MODEL_NAME)

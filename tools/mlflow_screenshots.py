@@ -25,18 +25,28 @@ from mlflow import MlflowClient
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port
 
-SIZE = "1600,1000"
 # the runs a reader compares: the served recipe, its plain argmin, the old default and the fixed policies
 COMPARED = ["per-chunk", "per-chunk-argmin", "lgbm-rank-level", "hand-rule", "fixed-1024", "best-fixed"]
 
 
-def shoot(browser: str, url: str, path: Path) -> None:
+def shoot(browser: str, url: str, path: Path, size: str) -> None:
     """One page, after the single-page app has fetched and drawn (virtual time lets it settle)."""
     subprocess.run(
-        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={SIZE}",
-         "--virtual-time-budget=20000", f"--screenshot={path}", url],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        [
+            browser,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size={size}",
+            "--virtual-time-budget=20000",
+            f"--screenshot={path}",
+            url,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     print(f"{path}  <- {url}")
 
 
@@ -60,10 +70,23 @@ def main() -> int:
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", args.store, "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            args.store,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
@@ -80,13 +103,13 @@ def main() -> int:
         ids = experiment.experiment_id
         order = f"orderByKey={quote('metrics.`mean_regret`')}&orderByAsc=true"
         compare = f"runs={quote(json.dumps(compared))}&experiments={quote(json.dumps([ids]))}"
-        pages = {
-            "mlflow_runs.png": f"#/experiments/{ids}/runs?{order}",
-            "mlflow_compare.png": f"#/compare-runs?{compare}",
-            "mlflow_model.png": f"#/models/{MODEL_NAME}/versions/{version}",
+        pages = {  # file: (page, window size); the compare view is tall so its parameter and metric rows show
+            "mlflow_runs.png": (f"#/experiments/{ids}/runs?{order}", "1900,900"),
+            "mlflow_compare.png": (f"#/compare-runs?{compare}", "1900,2300"),
+            "mlflow_model.png": (f"#/models/{MODEL_NAME}/versions/{version}", "1600,900"),
         }
-        for name, page in pages.items():
-            shoot(browser, f"{base}/{page}", args.out / name)
+        for name, (page, size) in pages.items():
+            shoot(browser, f"{base}/{page}", args.out / name, size)
     finally:
         server.terminate()
         server.wait(timeout=30)

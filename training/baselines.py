@@ -13,7 +13,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.contract import clamp_chunk, rule_candidate
+from chunkpilot.chunks import clamp_chunk, rule_candidate
 from chunkpilot.cost_models import PerCandidate
 from chunkpilot.features import FEATURES
 
@@ -89,15 +89,27 @@ class BestFixed(FixedChunk):
 
     def fit(self, train: Table) -> None:
         configs = [
-            (r.chunk_size.to_numpy(), r.ttft_ms.to_numpy(), int(first.context_length), int(first.window) or None,
-             first.layout)
+            (
+                r.chunk_size.to_numpy(),
+                r.ttft_ms.to_numpy(),
+                int(first.context_length),
+                int(first.window) or None,
+                first.layout,
+            )
             for _, r in train.rows.groupby("group", sort=False)
             for first in [r.iloc[0]]
-        ]  # fmt: skip
+        ]
 
         def mean_regret(size: int) -> float:
-            return float(np.mean([ttft[chunks == closest_measured(chunks, clamp_chunk(size, n, window, layout))][0]
-                                  / ttft.min() - 1 for chunks, ttft, n, window, layout in configs]))  # fmt: skip
+            return float(
+                np.mean(
+                    [
+                        ttft[chunks == closest_measured(chunks, clamp_chunk(size, n, window, layout))][0] / ttft.min()
+                        - 1
+                        for chunks, ttft, n, window, layout in configs
+                    ]
+                )
+            )
 
         self.size = min(sorted(train.rows.chunk_size.unique()), key=mean_regret)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkpilot.contract import DEFAULT_CHUNKS, feasible_chunks
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.cost_models import Measured
 from chunkpilot.dataset import DataError, read_dataset
 from chunkpilot.features import INPUT_COLUMNS, build
@@ -70,11 +70,23 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
     if not seen.any():
         return rows
     keys = ["config_key", "chunk_size", "hardware_id"]
-    merged = rows[seen].groupby(keys, sort=False).agg(
-        {**{c: "first" for c in rows.columns if c not in keys}, "tokenize_ms": "median", "prefill_ms": "median",
-         "first_decode_ms": "median", "ttft_ms": "median", "ttft_repeats_ms": _joined, "prefill_repeats_ms": _joined,
-         "chunk_ms": lambda lists: np.median(np.stack(lists.to_list()), axis=0).tolist()}
-    ).reset_index()  # fmt: skip
+    merged = (
+        rows[seen]
+        .groupby(keys, sort=False)
+        .agg(
+            {
+                **{c: "first" for c in rows.columns if c not in keys},
+                "tokenize_ms": "median",
+                "prefill_ms": "median",
+                "first_decode_ms": "median",
+                "ttft_ms": "median",
+                "ttft_repeats_ms": _joined,
+                "prefill_repeats_ms": _joined,
+                "chunk_ms": lambda lists: np.median(np.stack(lists.to_list()), axis=0).tolist(),
+            }
+        )
+        .reset_index()
+    )
     merged["repeats"] = merged.ttft_repeats_ms.map(len)
     return pd.concat([rows[~seen], merged[rows.columns]], ignore_index=True)
 

@@ -54,17 +54,19 @@ def cross_validate(
                                 "measured_ms": test.rows.ttft_ms.to_numpy(),
                                 "predicted_ms": choice.predicted_ms,
                             }
-                        )  # fmt: skip
+                        )
                     )
     return {
-        n: (pd.concat(f, ignore_index=True), pd.concat(predictions[n], ignore_index=True) if predictions[n] else
-            pd.DataFrame())
+        n: (
+            pd.concat(f, ignore_index=True),
+            pd.concat(predictions[n], ignore_index=True) if predictions[n] else pd.DataFrame(),
+        )
         for n, f in frames.items()
-    }  # fmt: skip
+    }
 
 
 def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, float], tuple[float, float, int]]:
-    """registry.settle's judge: two registered versions, as they serve (each choosing among every
+    """promotion.settle's judge: two registered versions, as they serve (each choosing among every
     candidate), on the configs of the prefills after `since_ms` where both choices were measured ->
     (their mean regrets against the best measured size, the number of those configs)."""
 

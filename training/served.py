@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkpilot.contract import rule_candidate
+from chunkpilot.chunks import rule_candidate
 from chunkpilot.recipe import Recipe, load_recipe, make_recipe
 
 from .baselines import Choice

@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkpilot import registry
+from chunkpilot import promotion, registry
 from chunkpilot.cache import user_cache_dir
 from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.fleet import Gathered, gather
+from chunkpilot.promotion import Verdict
 from chunkpilot.recipe import DEFAULT, RECIPES, Recipe, make_recipe
-from chunkpilot.registry import Verdict
 from chunkpilot.tracking import quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots
@@ -225,8 +225,8 @@ def train(
         new = {name: m["mean_regret"] for name, m in metrics[recipe].items()}
         with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
             final = fit_recipes([recipe], lgbm, table, Path(tmp))[recipe]
-        settled = registry.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURES))
-        verdict = registry.gate(
+        settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURES))
+        verdict = promotion.gate(
             client,
             new,
             {"name": final.name, **final.params},
@@ -237,15 +237,21 @@ def train(
         with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
             mlflow.log_metrics(flat(metrics[recipe]))
             version = _log_model(final, table, source, slices, trials, frames, judged[recipe][1], verdict)
-        registry.register(client, version, verdict, new["all"], settled)
+        promotion.register(client, version, verdict, new["all"], settled)
         client.update_model_version(
             registry.MODEL_NAME, version, version_description(final, described, metrics[recipe])
         )
         client.set_model_version_tag(registry.MODEL_NAME, version, "recipe", recipe)
     return TrainResult(
-        metrics, recipe, version, verdict, settled, time.monotonic() - start, len(table.rows),
-        table.rows.group.nunique()
-    )  # fmt: skip
+        metrics,
+        recipe,
+        version,
+        verdict,
+        settled,
+        time.monotonic() - start,
+        len(table.rows),
+        table.rows.group.nunique(),
+    )
 
 
 def train_from_tracking(
@@ -291,8 +297,10 @@ def format_result(result: TrainResult) -> str:
     served = result.recipe
     policies = [served, *[n for n in result.metrics if n != served]]
     slice_names = list(result.metrics[served])
-    lines = [f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s; "
-             f"registered recipe: {served} (marked *)"]  # fmt: skip
+    lines = [
+        f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s; "
+        f"registered recipe: {served} (marked *)"
+    ]
     for metric, what in (("mean_regret", "mean regret"), ("p95_regret", "p95 regret")):
         lines += [
             "",
