@@ -6,33 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .features import FEATURES
+from .contract import SHAPE_COLUMNS
+from .features import FEATURES, RUNTIME
 
 # what a chunk's cost can depend on besides q and h: the model, the attention set-up, the machine
 CONFIG = [
-    "window",
-    "has_window",
-    "layout",
-    "sinks",
-    "global_tokens",
-    "local_fraction",
-    "num_layers",
-    "hidden_size",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
+    *("window", "has_window", "layout", "sinks", "global_tokens", "local_fraction"),
+    *SHAPE_COLUMNS,
     "parameters",
-    "dtype_bytes",
-    "attn_impl",
-    "threads",
-    "matmul_gflops",
-    "bandwidth_gbs",
-    "call_overhead_ms",
-    "cores",
-    "l2_cache_mib",
-    "l3_cache_mib",
+    *RUNTIME,
+    *("l2_cache_mib", "l3_cache_mib"),
 ]
 CHUNK = ["query_tokens", "history", "keys", "chunk_gflop", "score_mib", "chunk_compute_ms", "log_base_ms"]
 COLUMNS = {name: FEATURES.index(name) for name in CONFIG}

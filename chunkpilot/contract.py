@@ -267,7 +267,7 @@ class RequestFeatures(Contract):
             "sinks": att.sinks,
             "global_tokens": att.global_tokens,
             "global_every": shape.global_every or 0,
-            **shape.model_dump(include=SHAPE_COLUMNS),
+            **shape.model_dump(include=set(SHAPE_COLUMNS)),
             "parameters": shape.parameters,
             "tie_embeddings": shape.tie_embeddings,
             "dtype": self.dtype,
@@ -347,7 +347,7 @@ class Outcome(Contract):
 
 # the shape fields a dataset row keeps as columns (the model's own window and positions do not
 # change the cost of a request; its attention set-up is the request's)
-SHAPE_COLUMNS = {
+SHAPE_COLUMNS = (
     "num_layers",
     "hidden_size",
     "num_heads",
@@ -355,7 +355,7 @@ SHAPE_COLUMNS = {
     "head_dim",
     "intermediate_size",
     "vocab_size",
-}
+)
 
 
 class Candidate(BaseModel):

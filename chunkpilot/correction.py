@@ -19,26 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .features import FEATURES
+from .contract import SHAPE_COLUMNS
+from .features import FEATURES, RUNTIME
 
 PRIOR = 2.0
-KIND = [
-    "has_window",
-    "layout",
-    "num_layers",
-    "hidden_size",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "intermediate_size",
-    "dtype_bytes",
-    "attn_impl",
-    "threads",
-    "matmul_gflops",
-    "bandwidth_gbs",
-    "call_overhead_ms",
-    "cores",
-]
+KIND = ["has_window", "layout", *SHAPE_COLUMNS, *RUNTIME]
 _KIND = [FEATURES.index(name) for name in KIND]
 
 

@@ -32,12 +32,12 @@ import lightgbm as lgb
 import numpy as np
 
 from .chunk_features import chunk_features
-from .contract import number
-from .features import FEATURES, MONOTONE, base_log_ms, history_sum, keys_sum
+from .contract import SHAPE_COLUMNS, number
+from .features import FEATURES, MONOTONE, RUNTIME, base_log_ms, history_sum, keys_sum
 
 # 300 trees of 31 leaves: 2.4% / 12.0% mean / p95 held-out regret of the per-chunk recipe on the
 # shipped data against 2.7% / 13.3% with 120 of 15; 600 at half the learning rate gained 0.1 point
-# of mean at twice the serving time (README, Training)
+# of mean at twice the serving time (docs/training.md)
 LGBM = {
     "num_boost_round": 300,
     "learning_rate": 0.1,
@@ -232,25 +232,7 @@ class PerCandidate:
 
 
 # what the analytic fit keeps apart: the model's shape, the machine, dtype, threads and kernel
-_MACHINE_AND_MODEL = [
-    FEATURES.index(name)
-    for name in (
-        "num_layers",
-        "hidden_size",
-        "num_heads",
-        "num_kv_heads",
-        "head_dim",
-        "intermediate_size",
-        "vocab_size",
-        "dtype_bytes",
-        "attn_impl",
-        "threads",
-        "matmul_gflops",
-        "bandwidth_gbs",
-        "call_overhead_ms",
-        "cores",
-    )
-]
+_MACHINE_AND_MODEL = [FEATURES.index(name) for name in (*SHAPE_COLUMNS, *RUNTIME)]
 _W = FEATURES.index("window")
 
 

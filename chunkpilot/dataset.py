@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from chunkpilot.contract import PRESETS, ConfigError, ModelShape, Outcome
+from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, PRESETS, ConfigError, ModelShape, Outcome
 
 HARNESS_VERSION = "4"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`; older files read
 TMP_PREFIX = ".tmp-"
@@ -81,7 +81,8 @@ _LOWER_BOUNDS = {
     "remeasured": (0, False),
 }
 # fmt: on
-_CHOICES = {"layout": ("none", "shift", "ring"), "dtype": ("float32", "bfloat16"), "attn_impl": ("sdpa", "eager")}
+# the contract's names (a row's layout is `none` without a window)
+_CHOICES = {"layout": ("none", *LAYOUTS), "dtype": DTYPES, "attn_impl": ATTN_IMPLS}
 
 
 class DataError(ConfigError):

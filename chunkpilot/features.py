@@ -25,6 +25,8 @@ INPUT_COLUMNS = (
 LAYOUT_CODES = {"none": 0, "shift": 1, "ring": 2}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ATTN_CODES = {"sdpa": 0, "eager": 1}
+# how a model runs and on what: the features that, with the shape, make a kind of request
+RUNTIME = ("dtype_bytes", "attn_impl", "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores")
 
 # fmt: off
 FEATURES = (

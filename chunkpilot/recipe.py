@@ -6,7 +6,7 @@ The chooser takes the argmin of the members' mean predicted TTFT, unless "do no 
 hand rule's size (whose worst case users already know) stays when the predicted saving over it is
 within `z` standard deviations of the members' disagreement about that saving.
 
-DEFAULT names the recipe `chunkpilot train` registers; the training table shows why (README).
+DEFAULT names the recipe `chunkpilot train` registers; the training table shows why (docs/training.md).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def load_recipe(folder: Path) -> Recipe:
     return Recipe(saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]))
 
 
-# the recipes training judges side by side; DEFAULT is the one registered (see the README's table)
+# the recipes training judges side by side; DEFAULT is the one registered (see the table in docs/training.md)
 RECIPES: dict[str, tuple[type[PerChunk] | type[PerCandidate] | type[Analytic], float]] = {
     "per-chunk": (PerChunk, 1.0),
     "per-chunk-argmin": (PerChunk, 0.0),

@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,9 +71,15 @@ def test_every_script_s_help_lists_the_flags_the_docs_use():
             assert (ROOT / script).is_file(), f"{name}: `{command}`: no {script}"
             scripts.setdefault(script, set()).update(FLAG.findall(command))
     assert scripts
-    for script, flags in scripts.items():
+
+    def help_of(script: str) -> subprocess.CompletedProcess:
         runner = [] if script.endswith(".sh") else [sys.executable]
-        done = subprocess.run([*runner, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        return subprocess.run([*runner, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each mostly imports torch: two at a time
+        helps = dict(zip(scripts, pool.map(help_of, scripts), strict=True))
+    for script, flags in scripts.items():
+        done = helps[script]
         assert done.returncode == 0, f"{script} --help: {done.stderr[-500:]}"
         for flag in flags:
             assert flag in done.stdout, f"{script} --help does not list {flag}"
