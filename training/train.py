@@ -132,6 +132,7 @@ def version_description(recipe: Recipe, data: dict, metrics: dict[str, dict[str,
 def _log_model(
     recipe: Recipe,
     table: Table,
+    described: dict,
     source: str,
     slices: dict,
     trials: list[dict],
@@ -145,7 +146,7 @@ def _log_model(
 
     mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
     sizes = json.dumps({k: len(v) for k, v in slices.items()})
-    mlflow.log_params({**recipe_description(recipe, data_description(table)), "slices": sizes})
+    mlflow.log_params({**recipe_description(recipe, described), "slices": sizes})
     mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE)
     if trials:
         mlflow.log_dict({"trials": trials}, "search_trials.json")
@@ -206,8 +207,8 @@ def train(
     frames = {name: frame for name, (frame, _) in judged.items()}
     metrics = {name: slice_metrics(frame) for name, frame in frames.items()}
     roles = {name: "recipe" if name in RECIPES else "baseline" for name in judged}
-    described = data_description(table)
     with quiet_mlflow():
+        described = data_description(table)
         experiment_id = use_experiment(experiment)
         client = MlflowClient()
         for name in judged:
@@ -236,7 +237,7 @@ def train(
         )
         with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
             mlflow.log_metrics(flat(metrics[recipe]))
-            version = _log_model(final, table, source, slices, trials, frames, judged[recipe][1], verdict)
+            version = _log_model(final, table, described, source, slices, trials, frames, judged[recipe][1], verdict)
         promotion.register(client, version, verdict, new["all"], settled)
         client.update_model_version(
             registry.MODEL_NAME, version, version_description(final, described, metrics[recipe])
