@@ -45,12 +45,11 @@ def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) ->
     return ChunkRequest(**dict(request), hardware=hardware, schedule=schedule)
 
 
-def checked_schedule(schedule: object, request: RequestFeatures) -> tuple[int, ...] | None:
-    """An answered schedule the engine can run (else ValueError): sizes that fit and sum to the prompt."""
+def checked_schedule(schedule: list[int] | None, request: RequestFeatures) -> tuple[int, ...] | None:
+    """An answered schedule (its type already checked by ChunkResponse) the engine can run, else
+    ValueError: sizes that fit and sum to the prompt."""
     if schedule is None:
         return None
-    if not isinstance(schedule, list) or not all(isinstance(c, int) for c in schedule):
-        raise ValueError(f"schedule {schedule!r} is not a list of chunk sizes")
     request.attention.check_schedule(schedule, request.context_length)
     return tuple(schedule)
 

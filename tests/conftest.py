@@ -95,7 +95,7 @@ def train_into_store(data: Path, root: Path) -> str:
 
 
 # fixtures that profile a dataset or start a server: a test that uses one is `slow` (make test-fast skips it)
-SLOW_FIXTURES = {"small_dataset", "trained_store", "mlflow_server", "server", "service", "store_server"}
+SLOW_FIXTURES = {"small_dataset", "trained_store", "mlflow_server", "server", "service"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
