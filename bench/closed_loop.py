@@ -36,7 +36,8 @@ from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelSha
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
 from engine.engine import Engine, EngineConfig, Prompt
-from engine.hardware import fingerprint, local_hardware
+from engine.hardware import local_hardware
+from engine.machine import fingerprint
 from engine.measure import interleaved, resampled_rounds
 from engine.policy import FixedPolicy
 from engine.predictor_client import AutoPolicy, make_auto
@@ -64,7 +65,7 @@ def train_into(store: Path, data: Path, table: bool = False) -> tuple[str, str]:
     cwd = os.getcwd()
     os.chdir(store)  # artifacts under store/mlruns
     try:
-        result = train(data, every_baseline=table)  # retrains: the recipes and the quick baselines
+        result = train(data, compare="all" if table else "recipes")
     finally:
         os.chdir(cwd)
     if table:

@@ -1,6 +1,6 @@
 """The policies side by side on prompts the model was never trained on: `auto` (the champion,
 in-process), fixed 1024, the hand rule and one shot, measured by the one evaluator
-(engine/evaluate.py): every distinct chunk size per round, interleaved, rounds until auto's savings
+(engine/comparison.py): every distinct chunk size per round, interleaved, rounds until auto's savings
 over the rule and over 1024 are settled. Prints per-prompt TTFT and regret against the measured
 best, and each saving with its 95% interval. Needs a champion: run `make demo` or `chunkpilot
 train` first.
@@ -17,8 +17,8 @@ import argparse
 import time
 
 from chunkpilot.tracking import tracking_uri
+from engine.comparison import PromptCase, evaluate, format_evaluation
 from engine.engine import Engine, EngineConfig
-from engine.evaluate import PromptCase, evaluate, format_evaluation
 from engine.hardware import local_hardware
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 from engine.predictor_client import make_auto

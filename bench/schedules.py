@@ -13,15 +13,15 @@ model: run `chunkpilot train` first.
 
 from __future__ import annotations
 
-import argparse
 import functools
 
 import numpy as np
+from preamble import model_and_rounds
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, uniform
 from chunkpilot.contract import AttentionConfig
 from chunkpilot.tracking import tracking_uri
-from engine.engine import Engine, EngineConfig, Prompt
+from engine.engine import Engine, Prompt
 from engine.hardware import local_hardware
 from engine.measure import interleaved, median_ratio
 from engine.policy import ChunkPolicy, FixedPolicy, SchedulePolicy
@@ -47,11 +47,7 @@ def two_phase(n: int, best: int, limit: int) -> dict[str, tuple[int, ...]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llama-tiny")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    engine = Engine(EngineConfig(model=args.model))
+    args, engine = model_and_rounds(__doc__)
     auto = make_auto(local_hardware("float32", engine.runtime.threads), tracking=tracking_uri(), schedule=True)
     if auto.predictor.chunk_cost is None:
         raise SystemExit("the champion has no per-chunk cost model: retrain on data with per-chunk times")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from .chunks import clamp_chunk, max_chunk
 
@@ -364,7 +364,9 @@ class Candidate(BaseModel):
 
 
 class ChunkResponse(BaseModel):
-    """The service's answer to one request: what it sends and what the engine reads back."""
+    """The service's answer to one request: what it decides, caches, sends and what the engine reads
+    back. `gains` (each other candidate and the TTFT measuring it is expected to save, ms) stays in
+    the service: exploring reads it, the wire does not carry it."""
 
     chunk_size: int
     predicted_ttft_ms: float
@@ -374,6 +376,16 @@ class ChunkResponse(BaseModel):
     source: Literal["model", "cache"]
     explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
     schedule: list[int] | None = None  # when asked: chunk sizes in order, by the per-chunk cost model
+    deferred: bool = False  # do-no-harm kept the rule's size: the predicted saving was within the members' spread
+    _gains: tuple[tuple[Candidate, float], ...] = PrivateAttr(default=())
+
+    @property
+    def gains(self) -> tuple[tuple[Candidate, float], ...]:
+        return self._gains
+
+    def with_gains(self, gains: tuple[tuple[Candidate, float], ...]) -> ChunkResponse:
+        self._gains = gains
+        return self
 
 
 PRESETS: dict[str, ModelShape] = {

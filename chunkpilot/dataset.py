@@ -20,8 +20,20 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from annotated_types import Ge, Gt, Le
 
-from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, PRESETS, ConfigError, ModelShape, Outcome
+from chunkpilot.contract import (
+    ATTN_IMPLS,
+    DTYPES,
+    LAYOUTS,
+    PRESETS,
+    AttentionConfig,
+    ConfigError,
+    Hardware,
+    ModelShape,
+    Outcome,
+    RequestFeatures,
+)
 
 HARNESS_VERSION = "4"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`; older files read
 TMP_PREFIX = ".tmp-"
@@ -66,21 +78,34 @@ OPTIONAL = {
     **dict.fromkeys(("chunk_ms", "tie_embeddings", "decision_source", "model_version", "explored")),
     "global_tokens": 0,
 }
-# (column, lowest allowed, strictly above it?) for the numeric checks
+# (column, lowest allowed, strictly above it?, highest allowed or None) for the numeric checks: the
+# contract's own bounds where a column is a field of a request, its machine or its outcome
+_CONTRACT = (AttentionConfig, RequestFeatures, ModelShape, Hardware, Outcome)  # the first that names a column
+_NONE_AS_ZERO = ("window", "global_every")  # fields that may be None, stored as 0
 # fmt: off
-_LOWER_BOUNDS = {
-    "num_layers": (1, False), "hidden_size": (1, False), "num_heads": (1, False), "num_kv_heads": (1, False),
-    "head_dim": (1, False), "intermediate_size": (1, False), "vocab_size": (1, False), "global_every": (0, False),
-    "parameters": (1, False), "context_length": (1, False), "window": (0, False), "sinks": (0, False),
-    "global_tokens": (0, False),
-    "threads": (1, False), "cores": (1, False), "l2_cache_bytes": (0, False), "l3_cache_bytes": (0, False),
-    "memory_bytes": (0, False), "matmul_gflops": (0, True), "bandwidth_gbs": (0, True), "call_overhead_ms": (0, True),
-    "chunk_size": (1, False), "num_chunks": (1, False), "last_chunk": (1, False), "tokenize_ms": (0, False),
-    "prefill_ms": (0, True), "first_decode_ms": (0, True), "ttft_ms": (0, True), "ttft_iqr_ms": (0, False),
-    "ttft_cv": (0, False), "repeats": (1, False), "kv_cache_bytes": (0, False), "peak_memory_bytes": (0, False),
-    "remeasured": (0, False),
+_DATASET_ONLY = {
+    "parameters": (1, False), "num_chunks": (1, False), "last_chunk": (1, False), "memory_bytes": (0, False),
+    "ttft_iqr_ms": (0, False), "ttft_cv": (0, False), "repeats": (1, False), "kv_cache_bytes": (0, False),
+    "peak_memory_bytes": (0, False), "remeasured": (0, False),
 }
 # fmt: on
+
+
+def _bounds() -> dict[str, tuple[float, bool, float | None]]:
+    bounds = {name: (low, strict, None) for name, (low, strict) in _DATASET_ONLY.items()}
+    for model in _CONTRACT:
+        for name, info in model.model_fields.items():
+            if name not in SCHEMA.names or name in bounds:
+                continue
+            low = next(((m.ge, False) for m in info.metadata if isinstance(m, Ge)), None)
+            low = low or next(((m.gt, True) for m in info.metadata if isinstance(m, Gt)), None)
+            if low is not None:
+                high = next((m.le for m in info.metadata if isinstance(m, Le)), None)
+                bounds[name] = (0, False, high) if name in _NONE_AS_ZERO else (*low, high)
+    return bounds
+
+
+_BOUNDS = _bounds()
 # the contract's names (a row's layout is `none` without a window)
 _CHOICES = {"layout": ("none", *LAYOUTS), "dtype": DTYPES, "attn_impl": ATTN_IMPLS}
 
@@ -96,12 +121,14 @@ def validate(df: pd.DataFrame, where: str) -> None:
         raise DataError("data", f"{where}: missing columns {', '.join(missing)}")
     for i, row in enumerate(df[[c for c in COLUMNS if c in df.columns]].itertuples(index=False)):
         values = row._asdict()
-        for column, (low, strict) in _LOWER_BOUNDS.items():
+        for column, (low, strict, high) in _BOUNDS.items():
             if column not in values:  # an optional column an older file lacks
                 continue
             v = values[column]
             if v is None or (isinstance(v, float) and math.isnan(v)) or (v <= low if strict else v < low):
                 raise DataError(column, f"{where} row {i}: must be {'>' if strict else '>='} {low}, got {v!r}")
+            if high is not None and v > high:
+                raise DataError(column, f"{where} row {i}: must be <= {high}, got {v!r}")
         for column, allowed in _CHOICES.items():
             if values[column] not in allowed:
                 raise DataError(column, f"{where} row {i}: must be one of {', '.join(allowed)}, got {values[column]!r}")

@@ -17,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from . import chunk_features
 from .correction import Correction
 from .cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
 from .features import FEATURES
+
+# what a recipe is trained on: the plan's features and the per-chunk cost model's. A recipe saved
+# with another list (an older ChunkPilot) is refused here and replaced by the promotion gate
+FEATURE_SET = [*FEATURES, *(f"chunk.{name}" for name in chunk_features.NAMES)]
 
 RECIPE_FILE = "recipe.json"
 
@@ -104,7 +109,7 @@ class Recipe:
             "name": self.name,
             "cost": self.cost.save(folder),
             "chooser": {"z": self.chooser.z},
-            "features": list(FEATURES),
+            "features": FEATURE_SET,
         }
         (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
         return folder
@@ -116,10 +121,10 @@ def load_recipe(folder: Path) -> Recipe:
     if not path.is_file():
         raise ValueError(f"{folder} holds no {RECIPE_FILE}: not a ChunkPilot recipe (an older model?)")
     saved = json.loads(path.read_text())
-    if saved.get("features") != list(FEATURES):
+    if saved.get("features") != FEATURE_SET:
         raise ValueError(
-            f"recipe {saved.get('name')!r} was trained on {len(saved.get('features', []))} features; "
-            f"this ChunkPilot builds {len(FEATURES)}: retrain it (chunkpilot train)"
+            f"recipe {saved.get('name')!r} was trained on other features ({len(saved.get('features', []))}) "
+            f"than this ChunkPilot builds ({len(FEATURE_SET)}): retrain it (chunkpilot train)"
         )
     return Recipe(saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]))
 

@@ -1,7 +1,7 @@
 """`chunkpilot demo`, the main job end to end: profile this machine briefly, train and register
 (through the promotion gate), serve the champion, let it learn this machine from a short workload
 of its own prefills (telemetry on, bounded exploration), then compare `auto`, fixed 1024 and the
-hand rule on other prompts of the same kinds with the evaluator (engine/evaluate.py): TTFT and
+hand rule on other prompts of the same kinds with the evaluator (engine/comparison.py): TTFT and
 regret per prompt and policy, and auto's saving over each with its 95% interval. The comparison's
 own measurements never reach the model (it measures fixed sizes; auto is only asked)."""
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from chunkpilot.contract import number
-from engine.evaluate import PromptCase
+from engine.comparison import PromptCase
 
 from .processes import free_port, start_service, wait_ready
 
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         "recipes beside the quick baselines; `chunkpilot train` adds the slower ones)",
         start,
     )
-    print(train_and_report(args.data, every_baseline=False), flush=True)
+    print(train_and_report(args.data, compare="recipes"), flush=True)
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -161,9 +161,9 @@ def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
 
 def compare_with_service(model: str, url: str, max_rounds: int, cases: list | None = None) -> str:
     """The demo's comparison: `auto` asking the service, fixed 1024 and the hand rule, measured by
-    the one evaluator (engine/evaluate.py) until the savings are settled or `max_rounds` pass."""
+    the one evaluator (engine/comparison.py) until the savings are settled or `max_rounds` pass."""
+    from engine.comparison import evaluate, format_evaluation
     from engine.engine import Engine, EngineConfig
-    from engine.evaluate import evaluate, format_evaluation
     from engine.hardware import local_hardware
     from engine.policy import FixedPolicy, RulePolicy
     from engine.predictor_client import make_auto

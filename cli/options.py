@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, number
+from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, number
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +50,41 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
         help="auto --in-process: the local partition of the outcomes "
         "(default: $CHUNKPILOT_TELEMETRY_DIR, else data/ttft/telemetry, as the service)",
     )
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """What `train` and `retrain` share: the LightGBM size and what the recipe is judged beside."""
+    # the defaults: chunkpilot.cost_models.LGBM (not imported here: LightGBM stays out of --help)
+    parser.add_argument("--n-estimators", help="LightGBM trees of each member")
+    parser.add_argument("--num-leaves", help="LightGBM leaves per tree")
+    parser.add_argument("--learning-rate", help="LightGBM learning rate")
+    parser.add_argument(
+        "--compare",
+        default="all",
+        help="what the registered recipe is judged beside, each its own MLflow run: all (every baseline "
+        "and recipe: the training table), recipes (the recipes and the quick baselines) or quick (fixed "
+        "1024, the best fixed size and the hand rule: seconds); default all",
+    )
+
+
+def lgbm_params(args: argparse.Namespace) -> dict:
+    """The LightGBM parameters given, over the cost models' defaults."""
+    params: dict = {}
+    if args.n_estimators is not None:
+        params["num_boost_round"] = number("n_estimators", args.n_estimators, int, ge=1, le=100_000)
+    if args.num_leaves is not None:
+        params["num_leaves"] = number("num_leaves", args.num_leaves, int, ge=2, le=100_000)
+    if args.learning_rate is not None:
+        params["learning_rate"] = number("learning_rate", args.learning_rate, float, gt=0, le=1)
+    return params
+
+
+def compare(args: argparse.Namespace) -> str:
+    from training.train import COMPARE  # training's imports stay out of the commands that do not train
+
+    if args.compare not in COMPARE:
+        raise ConfigError("compare", f"must be one of {', '.join(COMPARE)}; got {args.compare!r}")
+    return args.compare
 
 
 def auto_from_args(args: argparse.Namespace, engine):

@@ -20,7 +20,7 @@ from .options import (
     engine_config,
     global_tokens,
 )
-from .stream import run_stream
+from .prefill_prompts import run_stream
 
 HELP = "run one prompt through the engine and print its TTFT breakdown"
 

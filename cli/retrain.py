@@ -12,6 +12,8 @@ from pathlib import Path
 
 from chunkpilot.contract import number
 
+from .options import add_training_args, compare, lgbm_params
+
 HELP = "retrain on the shipped data, profiles and telemetry, and promote through the gate (once or every N min)"
 
 
@@ -24,10 +26,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train on what the fleet published to the tracking server instead of --data's files",
     )
+    add_training_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     every = None if args.every is None else number("every", args.every, float, gt=0, le=7 * 24 * 60)
+    params, judged_beside = lgbm_params(args), compare(args)
 
     from mlflow import MlflowClient
 
@@ -38,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
     while True:
         started = time.monotonic()
         try:
-            print(train_and_report(None if args.from_tracking else args.data, args.experiment), flush=True)
+            print(
+                train_and_report(
+                    None if args.from_tracking else args.data, args.experiment, params, compare=judged_beside
+                ),
+                flush=True,
+            )
         except Exception as exc:  # the champion keeps serving; say why where the service shows it
             reason = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             print(f"chunkpilot retrain: {reason}", flush=True)

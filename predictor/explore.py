@@ -1,7 +1,7 @@
 """Bounded exploration: a learner that only sees its own choice never learns it was wrong. The
 service may answer another candidate instead: the waiting challenger's choice where it differs (so
 that the gate can compare the two models on measured prefills, promotion.settle), else the candidate
-whose measurement is expected to gain the most (Answer.gains: the expected improvement over the
+whose measurement is expected to gain the most (ChunkResponse.gains: the expected improvement over the
 choice under the members' spread of the gap, at least predictor.model.GAP_SD_FLOOR, so a candidate
 predicted slightly slower but very uncertain is worth more than a runner-up the ensemble agrees on).
 Either only while the extra TTFT exploring has
@@ -12,12 +12,11 @@ and never twice running for the same kind of request, so that the choice itself 
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .model import Answer
+from chunkpilot.contract import ChunkResponse
 
 MIN_GAIN = 0.0005  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
 
@@ -36,7 +35,7 @@ class Explorer:
     def spent_share(self) -> float:
         return self.spent_ms / self.served_ms if self.served_ms else 0.0
 
-    def answer(self, best: Answer, shadow: int | None = None, key: str = "") -> Answer:
+    def answer(self, best: ChunkResponse, shadow: int | None = None, key: str = "") -> ChunkResponse:
         """`best`, or another candidate marked explored; `shadow` is the waiting challenger's choice,
         `key` the kind of request."""
         gains = {c.chunk_size: (c, gain) for c, gain in best.gains}
@@ -58,6 +57,6 @@ class Explorer:
             self._last[key] = None
             if len(self._last) > self.memory:
                 self._last.popitem(last=False)
-        return dataclasses.replace(
-            best, chunk_size=other.chunk_size, predicted_ttft_ms=other.predicted_ttft_ms, explored=True
+        return best.model_copy(
+            update={"chunk_size": other.chunk_size, "predicted_ttft_ms": other.predicted_ttft_ms, "explored": True}
         )

@@ -16,7 +16,7 @@ import numpy as np
 
 from chunkpilot import registry
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
-from chunkpilot.contract import Candidate, ChunkRequest, Hardware, Outcome
+from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, Hardware, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import build
@@ -37,21 +37,6 @@ class Infeasible(ValueError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class Answer:
-    """The service's answer to one request; the engine reads it as the response model."""
-
-    chunk_size: int
-    predicted_ttft_ms: float
-    top: list[Candidate]
-    rule: Candidate
-    model_version: str
-    explored: bool = False  # a candidate other than the recipe's choice, on purpose (predictor/explore.py)
-    schedule: list[int] | None = None  # chunk sizes in order, when asked and the cost model is per chunk
-    deferred: bool = False  # do-no-harm kept the rule's size: the predicted saving was within the spread
-    gains: tuple[tuple[Candidate, float], ...] = ()  # each other candidate and its expected gain in ms
 
 
 def expected_gain(gap: float, sd: float) -> float:
@@ -114,7 +99,7 @@ class Predictor:
         hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
         return build({**request.row(hw), "chunk_size": chunks})
 
-    def decide(self, request: ChunkRequest) -> Answer:
+    def decide(self, request: ChunkRequest) -> ChunkResponse:
         n, att = request.context_length, request.attention
         chunks = self.candidates(request)
         rule = chunks.index(rule_candidate(chunks, n, att.window, att.layout))
@@ -138,16 +123,16 @@ class Predictor:
             ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
             planned = best_schedule(self.recipe.chunk_ms, x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]
-        return Answer(
+        return ChunkResponse(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
             top=[candidate[i] for i in order[:TOP]],
             rule=candidate[rule],
             model_version=self.version,
+            source="model",
             schedule=schedule,
             deferred=choice.deferred,
-            gains=gains,
-        )
+        ).with_gains(gains)
 
     def learn(self, outcomes: list[Outcome]) -> int:
         """This machine's correction updated with each outcome's chunk times; returns how many taught it."""
@@ -167,14 +152,14 @@ class AnswerCache:
     def __init__(self, size: int) -> None:
         self.size, self.entries = size, OrderedDict()
 
-    def get(self, key: str) -> Answer | None:
+    def get(self, key: str) -> ChunkResponse | None:
         if key in self.entries:
             self.entries.move_to_end(key)
             return self.entries[key]
         return None
 
-    def put(self, key: str, decision: Answer) -> None:
-        self.entries[key] = decision
+    def put(self, key: str, answer: ChunkResponse) -> None:
+        self.entries[key] = answer
         if len(self.entries) > self.size:
             self.entries.popitem(last=False)
 

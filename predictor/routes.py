@@ -14,7 +14,6 @@ from pydantic import ValidationError
 
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Outcome
 
-from .model import Answer
 from .schemas import BatchRequest, BatchResponse, Feedback, FeedbackResult
 from .service import ServiceState
 
@@ -54,27 +53,14 @@ router = APIRouter()
 admin = APIRouter()
 
 
-def _response(decision: Answer, source: str) -> ChunkResponse:
-    return ChunkResponse(
-        chunk_size=decision.chunk_size,
-        predicted_ttft_ms=decision.predicted_ttft_ms,
-        top=decision.top,
-        rule=decision.rule,
-        model_version=decision.model_version,
-        source=source,
-        explored=decision.explored,
-        schedule=decision.schedule,
-    )
-
-
 @router.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
 async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
-    return _response(*service.decide(body))
+    return service.decide(body)
 
 
 @router.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})
 async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
-    return BatchResponse(responses=[_response(*service.decide(r)) for r in body.requests])
+    return BatchResponse(responses=[service.decide(r) for r in body.requests])
 
 
 @router.get("/v1/model", responses={503: {}})

@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from chunkpilot import registry
 from chunkpilot.chunks import quarter_octave
-from chunkpilot.contract import ChunkRequest
+from chunkpilot.contract import ChunkRequest, ChunkResponse
 from chunkpilot.dataset import Partition
 from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
 from chunkpilot.registry import CHALLENGER
 
 from .explore import Explorer
-from .model import Answer, AnswerCache, Predictor, load_predictor, past_outcomes
+from .model import AnswerCache, Predictor, load_predictor, past_outcomes
 from .settings import Settings
 
 
@@ -129,14 +129,14 @@ class ServiceState:
             return None
         return found if found.waits and int(found.version) > int(champion.version) else None
 
-    def decide(self, request: ChunkRequest) -> tuple[Answer, str]:
+    def decide(self, request: ChunkRequest) -> ChunkResponse:
         predictor, cache = self.predictor, self.cache  # one consistent pair, even during a swap
         key = request.model_dump_json()
         hit = cache.get(key)
         if hit is not None and hit.model_version == predictor.version:
-            pick, source = hit, "cache"
+            pick = hit.model_copy(update={"source": "cache"})
         else:
-            pick, source = predictor.decide(request), "model"
+            pick = predictor.decide(request)
             cache.put(key, pick)  # the model's own pick: exploring is decided per answer
         challenger = self.challenger
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
@@ -147,8 +147,8 @@ class ServiceState:
             answer = self.explorer.answer(pick, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()
-        self.metrics.decisions.labels(str(answer.chunk_size), source).inc()
-        return answer, source
+        self.metrics.decisions.labels(str(answer.chunk_size), answer.source).inc()
+        return answer
 
     def record(self, outcomes: list) -> None:
         """Accepted outcomes into the telemetry partition (one atomic file per machine), queued for

@@ -48,7 +48,7 @@ class RunReport:
 
 def machine_dir(out: Path, spec: Spec) -> Path:
     """Where this machine's files of the spec go: each machine measures every config itself."""
-    from engine.hardware import fingerprint
+    from engine.machine import fingerprint
 
     return out / spec.name / fingerprint(spec.device)["hardware_id"]
 

@@ -18,7 +18,7 @@ from .spec import ProfileConfig, Spec
 def _serve(tasks: mp.Queue, results: mp.Queue, spec: Spec, hardware_dir: str) -> None:
     from engine.hardware import descriptors
 
-    from .measure import EnginePool, measure_config
+    from .measure_config import EnginePool, measure_config
 
     pool = EnginePool(spec.device)
     while (config := tasks.get()) is not None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import QUICK_ARGS
 from servers import mlflow_server, postgres, wait_until
 from test_profiler import TINY, write_spec
 
@@ -83,7 +84,7 @@ def test_two_machines_profile_at_once_and_one_training_sees_both(server, tmp_pat
         machine = next(n for n, i in ids.items() if i == run.data.tags["hardware_id"])
         assert set(listed(run)) == {(ids[machine], key) for key in local[machine].config_key}
 
-    trainer = chunkpilot(server, "train", "--from-tracking", cwd=tmp_path)
+    trainer = chunkpilot(server, "train", "--from-tracking", *QUICK_ARGS, cwd=tmp_path)
     output, _ = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, output
     assert "gathered 8 configs and 0 telemetry batches of 2 machines" in output

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import QUICK
+from conftest import quick
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from servers import free_port, serve
@@ -226,7 +226,7 @@ def test_not_ready_without_a_model_then_ready_when_one_appears(tmp_path, small_d
 
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.chdir(tmp_path)
-        train(small_dataset, **QUICK)
+        train(small_dataset, **quick())
         deadline = time.monotonic() + 30
         while httpx.get(f"{url}/readyz").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -241,13 +241,13 @@ def test_admin_reload_swaps_versions_and_refuses_a_broken_one(tmp_path, small_da
     uri = f"sqlite:///{tmp_path / 'reload.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    train(small_dataset, **QUICK)
+    train(small_dataset, **quick())
     app = create_app(settings(uri, admin_token="s3cret"))
     with serve(app) as url:
         auth = {"authorization": "Bearer s3cret"}
         assert httpx.post(f"{url}/admin/reload").status_code == 401
         assert httpx.post(f"{url}/admin/reload", headers={"authorization": "Bearer wrong"}).status_code == 401
-        train(small_dataset, **QUICK, params={"learning_rate": 0.2})  # v2: promoted or not, point champion at it
+        train(small_dataset, **quick(learning_rate=0.2))  # v2: promoted or not, point champion at it
         client = MlflowClient(tracking_uri=uri)
         client.set_registered_model_alias("chunk-size-predictor", "champion", "2")
         swapped = httpx.post(f"{url}/admin/reload", headers=auth).json()
@@ -255,7 +255,7 @@ def test_admin_reload_swaps_versions_and_refuses_a_broken_one(tmp_path, small_da
             swapped["version"] == "2" and httpx.post(f"{url}/v1/chunk-size", json=body()).json()["model_version"] == "2"
         )
         # v3 with corrupted model files: refused, v2 keeps serving, /readyz says why
-        train(small_dataset, **QUICK, params={"learning_rate": 0.3})
+        train(small_dataset, **quick(learning_rate=0.3))
         stored = client.get_model_version_download_uri("chunk-size-predictor", "3").removeprefix("file://")
         for booster in Path(stored).rglob("*.lgb"):
             booster.write_text("not a lightgbm model")
@@ -311,7 +311,7 @@ def test_schemathesis_finds_no_server_errors(server):
 
 def test_demo_comparison_table(server):
     from cli.demo import compare_with_service
-    from engine.evaluate import PromptCase
+    from engine.comparison import PromptCase
 
     table = compare_with_service(
         "llama-tiny", server, max_rounds=2, cases=[PromptCase(200), PromptCase(300, 64, "ring", 4)]
@@ -327,7 +327,7 @@ def test_demo_comparison_table(server):
 
 def test_the_demo_s_learning_phase_teaches_the_service_its_prefills(trained_store, tmp_path):
     from cli.demo import learn_with_service
-    from engine.evaluate import PromptCase
+    from engine.comparison import PromptCase
 
     with serve(create_app(settings(trained_store, telemetry_dir=tmp_path))) as url:
         said = learn_with_service("llama-tiny", url, [PromptCase(300), PromptCase(500, 64, "ring")], passes=2)

@@ -199,6 +199,7 @@ def fixture_rows(key: str, n: int, ttft: dict[int, float], window: int = 0, layo
         ("layout", "spiral", "layout: .* must be one of"),
         ("ttft_repeats_ms", [1.0], "ttft_repeats_ms"),
         ("threads", 0, "threads"),
+        ("sinks", 5000, "sinks: .* row 1: must be <= 4096"),  # the contract's bound (AttentionConfig.sinks)
     ],
 )
 def test_schema_refuses_bad_rows_naming_them(tmp_path, column, value, message):

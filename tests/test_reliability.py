@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import QUICK
+from conftest import quick
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
@@ -154,23 +154,33 @@ def test_32_clients_get_no_errors_and_the_service_memory_stays_flat(trained_stor
 def test_champion_promoted_under_load_swaps_without_a_failed_or_mixed_answer(tmp_path, small_dataset, monkeypatch):
     from mlflow import MlflowClient
 
-    from training.train import train
-
     uri = f"sqlite:///{tmp_path / 'swap.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    train(small_dataset, **QUICK)
+    two_versions(small_dataset, uri)
     bodies = [body(i) for i in range(16)]
     with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=0.2))) as url:
         stop = threading.Event()
         load = hammer(url, 8, bodies, stop)
-        train(small_dataset, **QUICK, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
-        MlflowClient(tracking_uri=uri).set_registered_model_alias(MODEL_NAME, "champion", "2")
+        assert wait_until(lambda: len(load.answers) > 100)  # clients run on v1 first
+        MlflowClient(tracking_uri=uri).set_registered_model_alias(MODEL_NAME, "champion", "2")  # the promotion
         assert wait_until(lambda: httpx.get(f"{url}/v1/model").json()["version"] == "2")
         time.sleep(1.0)  # clients keep going on the new version
         stop.set()
         load.join()
     assert_each_answer_from_one_version(load, own_answers(uri, bodies))
+
+
+def two_versions(data: Path, uri: str) -> None:
+    """Versions 1 and 2 registered (trained before the load starts: what is under test is the alias
+    moving while clients run, not training's speed beside them), `champion` on v1."""
+    from mlflow import MlflowClient
+
+    from training.train import train
+
+    train(data, **quick())
+    train(data, **quick(learning_rate=0.3, num_leaves=7))  # v2, whatever the gate said
+    MlflowClient(tracking_uri=uri).set_registered_model_alias(MODEL_NAME, "champion", "1")
 
 
 def own_answers(uri: str, bodies: list[dict]) -> dict[tuple[int, str], tuple[int, float]]:
@@ -202,13 +212,11 @@ def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_datas
     but its model and its answer cache, so N of them sit behind any HTTP load balancer."""
     from mlflow import MlflowClient
 
-    from training.train import train
-
     poll_s = 0.5
     with postgres(tmp_path / "pg") as backend, mlflow_server(backend, str(tmp_path / "artifacts")) as store:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
         monkeypatch.chdir(tmp_path)
-        train(small_dataset, **QUICK)  # v1, the champion, through the server
+        two_versions(small_dataset, store)  # through the server
         bodies = [body(i) for i in range(12)]
         with (
             serve_process(tracking_uri=store, poll_interval_s=poll_s) as (first, _),
@@ -218,8 +226,8 @@ def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_datas
             assert wait_until(lambda: all(is_ready(u) for u in replicas), seconds=60)
             stop = threading.Event()
             loads = [hammer(url, 3, bodies, stop) for url in replicas]
-            train(small_dataset, **QUICK, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
-            MlflowClient(tracking_uri=store).set_registered_model_alias(MODEL_NAME, "champion", "2")
+            assert wait_until(lambda: all(len(load.answers) > 50 for load in loads))  # on v1 first
+            MlflowClient(tracking_uri=store).set_registered_model_alias(MODEL_NAME, "champion", "2")  # the promotion
             assert wait_until(
                 lambda: all(httpx.get(f"{u}/v1/model").json()["version"] == "2" for u in replicas), seconds=20 * poll_s
             )
@@ -281,7 +289,7 @@ def test_missing_alias_then_corrupt_artifact_then_ready_without_restart(tmp_path
     uri = f"sqlite:///{tmp_path / 'faults.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    train(small_dataset, **QUICK)
+    train(small_dataset, **quick())
     client = MlflowClient(tracking_uri=uri)
     client.delete_registered_model_alias(MODEL_NAME, "champion")
     stored = Path(client.get_model_version_download_uri(MODEL_NAME, "1").removeprefix("file://"))

@@ -184,12 +184,15 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
     import math
 
-    from chunkpilot.contract import Candidate
-    from predictor.model import Answer, expected_gain
+    from chunkpilot.contract import Candidate, ChunkResponse
+    from predictor.model import expected_gain
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
     gain = expected_gain(math.log(other_ms / best_ms), sd) * best_ms
-    return Answer(512, best_ms, top, top[1], "1", gains=((top[1], gain),))
+    answer = ChunkResponse(
+        chunk_size=512, predicted_ttft_ms=best_ms, top=top, rule=top[1], model_version="1", source="model"
+    )
+    return answer.with_gains(((top[1], gain),))
 
 
 def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expected_to_gain():
@@ -207,13 +210,14 @@ def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expecte
 
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
-    from chunkpilot.contract import Candidate
+    from chunkpilot.contract import Candidate, ChunkResponse
     from predictor.explore import Explorer
-    from predictor.model import Answer
 
     sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
     # the runner-up (768) is 1% slower but the members agree; 256 is 10% slower but they disagree widely
-    answer = Answer(512, 100.0, sizes, sizes[0], "1", gains=((sizes[1], 0.3), (sizes[2], 4.0)))
+    answer = ChunkResponse(
+        chunk_size=512, predicted_ttft_ms=100.0, top=sizes, rule=sizes[0], model_version="1", source="model"
+    ).with_gains(((sizes[1], 0.3), (sizes[2], 4.0)))
     assert Explorer(budget=0.5).answer(answer).chunk_size == 256
 
 
@@ -278,7 +282,7 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     the champion on the prefills that came after it (which neither has seen) and says so."""
     import shutil
 
-    from conftest import train_into_store
+    from conftest import QUICK_ARGS, train_into_store
     from mlflow import MlflowClient
 
     from chunkpilot.registry import LAST_RETRAIN, MODEL_NAME
@@ -305,7 +309,7 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     prefills([(700, None), (500, 128)])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
-    assert main(["retrain", "--data", str(root)]) == 0
+    assert main(["retrain", "--data", str(root), *QUICK_ARGS]) == 0  # train_into_store's recipe
     client = MlflowClient(tracking_uri=uri)
 
     def retrained() -> str:
@@ -326,7 +330,7 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
         assert httpx.get(f"{url}/readyz").json()["challenger"] == "2"
 
     prefills([(600, None), (400, 128), (650, 256)], every_size=True)  # after v2: seen by neither v1 nor v2
-    assert main(["retrain", "--data", str(root)]) == 0
+    assert main(["retrain", "--data", str(root), *QUICK_ARGS]) == 0
     judged = retrained().split("(before it: ")[1]
     assert "on 3 configs of prefills neither had seen" in judged, judged
     promoted = judged.startswith("challenger v2 promoted")

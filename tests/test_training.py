@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import servers
+from conftest import QUICK_ARGS
 
 from chunkpilot.promotion import judge
 from chunkpilot.recipe import DEFAULT, RECIPES
@@ -57,6 +58,7 @@ def test_bad_datasets_are_refused_in_one_line(tmp_path, small_dataset, capsys, s
     assert "n_estimators" in one_line_error(capsys, ["train", "--data", str(small_dataset), "--n-estimators", "0"])
     assert "search_minutes" in one_line_error(capsys, ["train", "--data", str(small_dataset), "--search-minutes", "-1"])
     assert "recipe: must be one of per-chunk" in one_line_error(capsys, ["train", "--recipe", "best"])
+    assert "compare: must be one of all, recipes, quick" in one_line_error(capsys, ["retrain", "--compare", "every"])
 
 
 def test_every_policy_chooses_a_measured_feasible_chunk(small_dataset):
@@ -126,7 +128,7 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     assert "registered chunk-size-predictor v1 as champion: no champion yet" in first
     assert "mean regret on held-out configs" in first and "lgbm-classifier" in first
     # the same recipe again (training is deterministic): it ties the champion, so it must not replace it
-    assert main(["train", "--data", str(small_dataset)]) == 0
+    assert main(["train", "--data", str(small_dataset), "--compare", "quick"]) == 0
     second = capsys.readouterr().out
     assert "v2 as challenger" in second and "does not beat champion v1" in second
     client = MlflowClient()
@@ -180,7 +182,7 @@ def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, mon
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--data", str(small_dataset)]) == 0
+    assert main(["train", "--data", str(small_dataset), *QUICK_ARGS]) == 0
     assert "as champion" in capsys.readouterr().out
     version = MlflowClient(tracking_uri=mlflow_server).get_model_version_by_alias(MODEL_NAME, "champion")
     import mlflow

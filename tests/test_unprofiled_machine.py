@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from conftest import QUICK, train_into_store
+from conftest import quick, train_into_store
 from servers import free_port, serve, wait_until
 
 from chunkpilot.contract import PRESETS, AttentionConfig, RequestFeatures
@@ -124,7 +124,7 @@ def test_a_promoted_model_replaces_cached_answers_within_poll_plus_ttl(tmp_path,
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri := f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)
-    train(small_dataset, **QUICK)
+    train(small_dataset, **quick())
     request = RequestFeatures(3000, PRESETS["llama-tiny"], AttentionConfig(512, "ring"), "float32", 2, "sdpa")
     hardware = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
     poll_s, ttl_s = 0.3, 0.5
@@ -132,7 +132,7 @@ def test_a_promoted_model_replaces_cached_answers_within_poll_plus_ttl(tmp_path,
         policy = AutoPolicy(url, 2.0, hardware, cache_ttl_s=ttl_s)
         assert policy.choose(request).model_version == "1"
         assert policy.choose(request).source == "cache"
-        train(small_dataset, **QUICK, params={"learning_rate": 0.3, "num_leaves": 7})  # v2, whatever the gate said
+        train(small_dataset, **quick(learning_rate=0.3, num_leaves=7))  # v2, whatever the gate said
         MlflowClient().set_registered_model_alias(MODEL_NAME, "champion", "2")
         promoted = time.monotonic()
         assert wait_until(lambda: policy.choose(request).model_version == "2", seconds=20, every=0.05)

@@ -56,7 +56,10 @@ def quiet_lgb(**params) -> dict:
 
 
 @dataclass
-class Choice:
+class HeldOutChoices:
+    """A policy's choice for every held-out config of a fold (a recipe's own, one request at a time:
+    chunkpilot.recipe.Choice)."""
+
     chunks: dict[str, int]  # group -> chosen chunk size
     predicted_ms: np.ndarray | None = None  # per test row, for regressors
     deferred: set[str] | None = None  # groups where a do-no-harm recipe took the rule's size instead
@@ -71,8 +74,8 @@ class FixedChunk:
     def fit(self, train: Table) -> None:
         pass
 
-    def choose(self, test: Table) -> Choice:
-        return Choice(
+    def choose(self, test: Table) -> HeldOutChoices:
+        return HeldOutChoices(
             {
                 g: closest_measured(r.chunk_size.to_numpy(), limited(r, self.size))
                 for g, r in test.rows.groupby("group", sort=False)
@@ -123,8 +126,8 @@ class HandRule:
     def fit(self, train: Table) -> None:
         pass
 
-    def choose(self, test: Table) -> Choice:
-        return Choice({g: rule_chunk(r) for g, r in test.rows.groupby("group", sort=False)})
+    def choose(self, test: Table) -> HeldOutChoices:
+        return HeldOutChoices({g: rule_chunk(r) for g, r in test.rows.groupby("group", sort=False)})
 
 
 def argmin_per_group(test: Table, predicted: np.ndarray) -> dict[str, int]:
@@ -151,7 +154,7 @@ class NearestConfig:
         self.x = (x - self.mean) / self.std
         self.best = train.best_chunk.reindex(first.group).to_numpy()
 
-    def choose(self, test: Table) -> Choice:
+    def choose(self, test: Table) -> HeldOutChoices:
         x, first = _config_matrix(test)
         x = (np.log1p(np.abs(x)) - self.mean) / self.std
         nearest = ((x[:, None, :] - self.x[None]) ** 2).sum(-1).argmin(1)
@@ -159,7 +162,7 @@ class NearestConfig:
         for g, target in zip(first.group, self.best[nearest], strict=True):
             candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
             chunks[g] = closest_measured(candidates, int(target))
-        return Choice(chunks)
+        return HeldOutChoices(chunks)
 
 
 class ChunkClassifier:
@@ -180,7 +183,7 @@ class ChunkClassifier:
                 warnings.filterwarnings("ignore", message="The number of unique classes")
                 self.model.fit(x, np.searchsorted(self.classes, labels))
 
-    def choose(self, test: Table) -> Choice:
+    def choose(self, test: Table) -> HeldOutChoices:
         x, first = _config_matrix(test)
         if self.single is not None:
             proba = np.ones((len(first), 1))
@@ -193,7 +196,7 @@ class ChunkClassifier:
             chunks[g] = (
                 int(max(feasible)[1]) if feasible else closest_measured(candidates, int(self.classes[np.argmax(p)]))
             )
-        return Choice(chunks)
+        return HeldOutChoices(chunks)
 
 
 class ChunkRanker:
@@ -209,8 +212,8 @@ class ChunkRanker:
         self.model = lgb.LGBMRanker(**quiet_lgb(n_estimators=200, learning_rate=0.05, min_child_samples=3))
         self.model.fit(train.x, grade, group=sizes)
 
-    def choose(self, test: Table) -> Choice:
-        return Choice(argmin_per_group(test, -self.model.predict(test.x)))
+    def choose(self, test: Table) -> HeldOutChoices:
+        return HeldOutChoices(argmin_per_group(test, -self.model.predict(test.x)))
 
 
 def _ranks(values: np.ndarray) -> np.ndarray:
@@ -238,14 +241,14 @@ class RankLevel:
         self.ranker = ChunkRanker()
         self.ranker.fit(train)
 
-    def choose(self, test: Table) -> Choice:
+    def choose(self, test: Table) -> HeldOutChoices:
         level = self.levels.members(test.x)[0]
         score = self.ranker.model.predict(test.x)
         chunks = {}
         for g, r in test.rows.groupby("group", sort=False):
             i = r.index.to_numpy()
             chunks[g] = int(r.chunk_size.iloc[rank_level(level[i], score[i])])
-        return Choice(chunks, np.exp(level))
+        return HeldOutChoices(chunks, np.exp(level))
 
 
 def baselines(every: bool = True) -> list:

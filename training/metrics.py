@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .baselines import Choice, closest_measured, limited, rule_chunk
+from .baselines import HeldOutChoices, closest_measured, limited, rule_chunk
 from .data import Table
 
 METRICS = ("mean_regret", "p95_regret", "top1", "within_5pct", "mape", "saved_vs_1024", "saved_vs_rule", "deferred")
 
 
-def records(test: Table, choice: Choice) -> pd.DataFrame:
+def records(test: Table, choice: HeldOutChoices) -> pd.DataFrame:
     """One record per held-out group: the TTFTs of the choice, the best, 1024 and the rule."""
     out = []
     for g, r in test.rows.groupby("group", sort=False):

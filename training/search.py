@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 import time
 
+from .crossval import cross_validate, slice_metrics
 from .data import Table
-from .evaluate import cross_validate, slice_metrics
 from .served import served_fit
 from .slices import Fold
 

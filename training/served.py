@@ -12,11 +12,11 @@ import numpy as np
 from chunkpilot.chunks import rule_candidate
 from chunkpilot.recipe import Recipe, load_recipe, make_recipe
 
-from .baselines import Choice
+from .baselines import HeldOutChoices
 from .data import Table
 
 
-def choose_groups(recipe: Recipe, test: Table) -> Choice:
+def choose_groups(recipe: Recipe, test: Table) -> HeldOutChoices:
     """The recipe's choice for every config of `test` among its measured sizes."""
     members = recipe.members(test.x)  # [K, rows]: a row's prediction does not depend on its batch
     chunks, deferred = {}, set()
@@ -27,7 +27,7 @@ def choose_groups(recipe: Recipe, test: Table) -> Choice:
         chunks[g] = sizes[choice.index]
         if choice.deferred:
             deferred.add(g)
-    return Choice(chunks, np.exp(members.mean(0)), deferred)
+    return HeldOutChoices(chunks, np.exp(members.mean(0)), deferred)
 
 
 class Served:
@@ -36,7 +36,7 @@ class Served:
     def __init__(self, recipe: Recipe) -> None:
         self.recipe, self.name = recipe, recipe.name
 
-    def choose(self, test: Table) -> Choice:
+    def choose(self, test: Table) -> HeldOutChoices:
         return choose_groups(self.recipe, test)
 
 

@@ -20,18 +20,27 @@ from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.fleet import Gathered, gather
 from chunkpilot.promotion import Verdict
-from chunkpilot.recipe import DEFAULT, RECIPES, Recipe, make_recipe
+from chunkpilot.recipe import DEFAULT, FEATURE_SET, RECIPES, Recipe, make_recipe
 from chunkpilot.tracking import quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots
 from .baselines import baselines
+from .crossval import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
 from .data import Table, load_table
-from .evaluate import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
 from .search import search, slice_regrets
 from .served import fit_recipes, served_fit
 from .slices import make_slices
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the recipe as an MLflow model, logged as code
+
+# what the registered recipe is judged beside, each its own run: (every baseline?, the other recipes).
+# `all` is the training table; `recipes` drops the baselines that take minutes (the demo, the closed
+# loop); `quick` keeps only the baselines a user compares against (a scheduled retrain, the tests)
+COMPARE: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "all": (True, tuple(RECIPES)),
+    "recipes": (False, tuple(RECIPES)),
+    "quick": (False, ()),
+}
 
 
 @dataclass
@@ -103,7 +112,7 @@ def recipe_description(recipe: Recipe, data: dict) -> dict:
         "cost_model": recipe.cost.kind,
         "members": recipe.cost.size,
         "do_no_harm_z": recipe.chooser.z,
-        "features": ",".join(FEATURES),
+        "features": ",".join(FEATURE_SET),
         **data,
     }
 
@@ -180,10 +189,9 @@ def train(
     search_minutes: float = 0.0,
     source: str | None = None,
     recipe: str = DEFAULT,
-    every_baseline: bool = True,
-    recipes: tuple[str, ...] = tuple(RECIPES),
+    compare: str = "all",
 ) -> TrainResult:
-    """Cross-validate every baseline (or the quick ones) and the `recipes` on the same slices, each
+    """Cross-validate `recipe` and what `compare` (COMPARE) names beside it on the same slices, each
     its own run; then fit `recipe` on all rows, pass the gate, log and register. `params`:
     LightGBM's, over the cost models' defaults; `source`: where the data came from, for the runs'
     lineage."""
@@ -200,6 +208,7 @@ def train(
     trials: list[dict] = []
     if search_minutes > 0:
         lgbm, trials = search(recipe, lgbm, table, slices, search_minutes)
+    every_baseline, recipes = COMPARE[compare]
     judged, compared = {}, {policy.name: policy for policy in baselines(every_baseline)}
     for policy in compared.values():
         judged.update(cross_validate(fitted(lambda p=policy: p), table, slices))
@@ -226,14 +235,14 @@ def train(
         new = {name: m["mean_regret"] for name, m in metrics[recipe].items()}
         with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
             final = fit_recipes([recipe], lgbm, table, Path(tmp))[recipe]
-        settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURES))
+        settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURE_SET))
         verdict = promotion.gate(
             client,
             new,
             {"name": final.name, **final.params},
             _row_counts(table),
             lambda theirs: slice_regrets(theirs, table, slices),
-            ",".join(FEATURES),
+            ",".join(FEATURE_SET),
         )
         with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
             mlflow.log_metrics(flat(metrics[recipe]))
@@ -256,7 +265,11 @@ def train(
 
 
 def train_from_tracking(
-    experiment: str = "chunk-size", params: dict | None = None, search_minutes: float = 0.0, recipe: str = DEFAULT
+    experiment: str = "chunk-size",
+    params: dict | None = None,
+    search_minutes: float = 0.0,
+    recipe: str = DEFAULT,
+    compare: str = "all",
 ) -> tuple[Gathered, TrainResult]:
     """`train` on every partition the fleet published to the tracking server (chunkpilot/fleet.py):
     each machine's profiled configs and the services' telemetry batches."""
@@ -267,7 +280,7 @@ def train_from_tracking(
         with quiet_mlflow():
             gathered = gather(MlflowClient(uri), Path(tmp) / "ttft", user_cache_dir() / "partitions")
         source = f"{uri} ({len(gathered.runs)} publishing runs)"
-        return gathered, train(gathered.root, experiment, params, search_minutes, source, recipe)
+        return gathered, train(gathered.root, experiment, params, search_minutes, source, recipe, compare)
 
 
 def train_and_report(
@@ -276,14 +289,14 @@ def train_and_report(
     params: dict | None = None,
     search_minutes: float = 0.0,
     recipe: str = DEFAULT,
-    every_baseline: bool = True,
+    compare: str = "all",
 ) -> str:
     """What `chunkpilot train`, `retrain` and the demo print: trained on the folder `data`, or
     (None) on what the fleet published to the tracking server."""
     if data is None:
-        gathered, result = train_from_tracking(experiment, params, search_minutes, recipe)
+        gathered, result = train_from_tracking(experiment, params, search_minutes, recipe, compare)
         return f"{_format_gathered(gathered)}\n{format_result(result)}"
-    return format_result(train(data, experiment, params, search_minutes, recipe=recipe, every_baseline=every_baseline))
+    return format_result(train(data, experiment, params, search_minutes, recipe=recipe, compare=compare))
 
 
 def _format_gathered(gathered: Gathered) -> str:

@@ -5,19 +5,19 @@ client per stream, so every decision is asked over HTTP, never answered by the c
 Telemetry is off: the overlap alone is measured. Each TTFT counts from the moment the engine turns to
 the request. Needs a champion in the MLflow store: run `chunkpilot train` (or `make demo`) first.
 
-    .venv/bin/python bench/stream.py [--model llama-tiny] [--rounds 5]
+    .venv/bin/python bench/overlap.py [--model llama-tiny] [--rounds 5]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import numpy as np
+from preamble import model_and_rounds
 
 from chunkpilot.contract import AttentionConfig
 from cli.processes import free_port, start_service, wait_ready
-from engine.engine import Engine, EngineConfig, Prompt
+from engine.engine import Engine, Prompt
 from engine.hardware import local_hardware
 from engine.predictor_client import make_auto
 from engine.stream import StreamRequest, stream
@@ -46,11 +46,7 @@ def run_once(engine: Engine, url: str, hardware, batch: list[StreamRequest], ove
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llama-tiny")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    engine = Engine(EngineConfig(model=args.model))
+    args, engine = model_and_rounds(__doc__)
     hardware = local_hardware("float32", engine.runtime.threads)
     batch = [
         StreamRequest(engine.prompt_text(Prompt(num_tokens=n, seed=i)), n, AttentionConfig(window=w))

@@ -3,18 +3,18 @@ every later query besides the window), at a few lengths, both layouts, the hand 
 the three counts interleaved and rotated in one run after a warm-up, ratios to no global tokens
 with bootstrap 95% intervals over the rounds, and the KV cache each leaves.
 
-    .venv/bin/python bench/global_tokens.py [--model llama-tiny] [--rounds 5]
+    .venv/bin/python bench/global_tokens_cost.py [--model llama-tiny] [--rounds 5]
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 
 import numpy as np
+from preamble import model_and_rounds
 
 from chunkpilot.contract import AttentionConfig
-from engine.engine import Engine, EngineConfig, Prompt
+from engine.engine import Prompt
 from engine.measure import interleaved, median_ratio
 from engine.policy import RulePolicy
 
@@ -23,11 +23,7 @@ SETUPS = [(n, window, layout) for n in (2048, 4096, 8192) for window, layout in 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="llama-tiny")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    engine = Engine(EngineConfig(model=args.model))
+    args, engine = model_and_rounds(__doc__)
     rng = np.random.default_rng(0)
     print(f"{args.model}; TTFT ms (median over {args.rounds} rounds) and the ratio to no global tokens [95% CI]")
     print(

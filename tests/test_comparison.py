@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.evaluate import PromptCase, PromptResult, Saving, bootstrap_savings, evaluate, format_evaluation
+from engine.comparison import PromptCase, PromptResult, Saving, bootstrap_savings, evaluate, format_evaluation
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 
 
