@@ -4,7 +4,10 @@ cost.
 Every `auto` prefill reports each chunk's ms. Its residual against the served cost model (log
 measured - log predicted, the members' mean) is kept per kind of request (the same model shape,
 machine descriptors, dtype, threads, kernel and window regime: window on or off and its layout,
-but any length or window size) and per quarter octave of the chunk's query tokens. A prefill counts
+but any length or window size) and, within a kind, per quarter octave of the window and of the
+chunk's query tokens: which sizes the global model misjudges depends on the keys a chunk attends,
+so a size learnt under one window does not move that size under another (a demo's 768-token
+chunks learnt under a 1,024 window made 1,024 win under a 2,048 one, where it was 13% slower). A prefill counts
 once per bucket (its chunks' mean residual), and each level is shrunk towards the one above it with
 PRIOR prefills' worth of weight: the kind's mean towards 0 (the global model), a size bucket's towards
 its kind's mean. So one prefill moves a prediction a third of the way, a dozen almost all of it, and
@@ -32,7 +35,11 @@ def kinds(config: np.ndarray) -> list[tuple[float, ...]]:
     return [tuple(row) for row in np.round(config[:, _KIND], 4).tolist()]
 
 
+_W = FEATURES.index("window")
+
+
 def size_bucket(q: np.ndarray) -> np.ndarray:
+    """A quarter octave of tokens (0 for none: a window of 0 is no window)."""
     return np.round(4 * np.log2(np.maximum(q, 1))).astype(int)
 
 
@@ -49,9 +56,10 @@ class Correction:
         self.prefills += 1
         entry = self.level[kind]
         entry[0], entry[1] = entry[0] + float(residual.mean()), entry[1] + 1
+        window = int(size_bucket(config[:1, _W])[0])
         buckets = size_bucket(q)
         for b in np.unique(buckets).tolist():
-            entry = self.sized[(kind, b)]
+            entry = self.sized[(kind, window, b)]
             entry[0], entry[1] = entry[0] + float(residual[buckets == b].mean()), entry[1] + 1
 
     def offsets(self, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -59,10 +67,10 @@ class Correction:
         out = np.zeros(len(q))
         if not self.prefills:
             return out
-        buckets = size_bucket(q).tolist()
-        for i, (kind, b) in enumerate(zip(kinds(config), buckets, strict=True)):
+        buckets, windows = size_bucket(q).tolist(), size_bucket(config[:, _W]).tolist()
+        for i, (kind, w, b) in enumerate(zip(kinds(config), windows, buckets, strict=True)):
             total, count = self.level.get(kind, (0.0, 0.0))
             mean = total / (count + self.prior)
-            total, count = self.sized.get((kind, b), (0.0, 0.0))
+            total, count = self.sized.get((kind, w, b), (0.0, 0.0))
             out[i] = mean + (total - count * mean) / (count + self.prior)
         return out
