@@ -4,6 +4,7 @@
 # downloaded here for that machine's Python (it has no network).
 #   tools/fetch_wheels.sh [DIR] [PYTHON_VERSION]     default: tools/wheels 3.12 (the GPU machine's)
 set -euo pipefail
+case ${1:-} in -*) sed -n "2,5p" "$0"; exit 0;; esac
 dir=${1:-tools/wheels}
 version=${2:-3.12}
 pip=${PIP:-.venv/bin/pip}
