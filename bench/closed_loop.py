@@ -12,7 +12,8 @@ policy's regret is the median TTFT of the size it picks over the best size's, an
 bootstrap over those rounds. Scoring a champion costs no further measurement, so every round's
 champion is judged on the very same times.
 
-    .venv/bin/python bench/closed_loop.py [--rounds 3] [--prefills 40] [--explore 0.01] [--plot docs/closed_loop.png]
+    .venv/bin/python bench/closed_loop.py [--rounds 3] [--prefills 40] [--explore 0.01] [--probe-rounds 5]
+        [--plot docs/closed_loop.png]
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prefills", type=int, default=40, help="workload prefills per round")
     parser.add_argument("--explore", type=float, default=0.01, help="the service's exploration budget")
-    parser.add_argument("--probe-rounds", type=int, default=3)
+    # a bootstrap over 3 rounds has only 10 distinct resamples: 5 make an interval worth stating
+    parser.add_argument("--probe-rounds", type=int, default=5)
     parser.add_argument("--plot", type=Path, help="write the regret per round as a PNG")
     parser.add_argument(
         "--probe-times",
@@ -180,6 +182,14 @@ def main() -> None:
         help="where this machine's probe times are kept between runs",
     )
     args = parser.parse_args()
+    for name, value, low, high in (
+        ("--rounds", args.rounds, 1, 20),
+        ("--prefills", args.prefills, 1, 10_000),
+        ("--explore", args.explore, 0.0, 0.5),
+        ("--probe-rounds", args.probe_rounds, 2, 50),
+    ):
+        if not low <= value <= high:
+            parser.error(f"{name} must be between {low} and {high} (got {value})")
     start = time.monotonic()
     machine = fingerprint()["hardware_id"]
     work = Path(tempfile.mkdtemp(prefix="chunkpilot-loop-"))
