@@ -11,8 +11,14 @@ chunks learnt under a 1,024 window made 1,024 win under a 2,048 one, where it wa
 once per bucket (its chunks' mean residual), and each level is shrunk towards the one above it with
 PRIOR prefills' worth of weight: the kind's mean towards 0 (the global model), a size bucket's towards
 its kind's mean. So one prefill moves a prediction a third of the way, a dozen almost all of it, and
-sizes never measured here still move with the machine's level. numpy only: the service applies it
-on every answer.
+sizes never measured here still move with the machine's level.
+
+Single prefills are noisy (a few percent to 20% here), so a size learnt from one or two of them is
+not known to the few percent that separate neighbouring sizes. `difference_variance` states how
+well: each size bucket's posterior variance, sigma^2 / (its prefills + PRIOR), with sigma^2 the
+pooled spread of a bucket's prefills around their mean (NOISE as a prior worth NOISE_DOF prefills
+until this machine has measured its own); the chooser adds it to the members' disagreement before
+it overturns the hand rule. numpy only: the service applies it on every answer.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from .contract import SHAPE_COLUMNS
 from .features import FEATURES, RUNTIME
 
 PRIOR = 2.0
+NOISE, NOISE_DOF = 0.1, 2.0  # a single prefill's log-ms spread before this machine shows its own (+-10%)
 KIND = ["has_window", "layout", *SHAPE_COLUMNS, *RUNTIME]
 _KIND = [FEATURES.index(name) for name in KIND]
 
@@ -35,7 +42,7 @@ def kinds(config: np.ndarray) -> list[tuple[float, ...]]:
     return [tuple(row) for row in np.round(config[:, _KIND], 4).tolist()]
 
 
-_W = FEATURES.index("window")
+_W, _C = FEATURES.index("window"), FEATURES.index("chunk_size")
 
 
 def size_bucket(q: np.ndarray) -> np.ndarray:
@@ -49,6 +56,7 @@ class Correction:
     prefills: int = 0
     level: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # sum, count
     sized: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    squares: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))  # per sized bucket
 
     def learn(self, config: np.ndarray, q: np.ndarray, residual: np.ndarray) -> None:
         """One prefill: its chunks' config rows [chunks, FEATURES], query tokens and log residuals."""
@@ -59,8 +67,9 @@ class Correction:
         window = int(size_bucket(config[:1, _W])[0])
         buckets = size_bucket(q)
         for b in np.unique(buckets).tolist():
-            entry = self.sized[(kind, window, b)]
-            entry[0], entry[1] = entry[0] + float(residual[buckets == b].mean()), entry[1] + 1
+            entry, r = self.sized[(kind, window, b)], float(residual[buckets == b].mean())
+            entry[0], entry[1] = entry[0] + r, entry[1] + 1
+            self.squares[(kind, window, b)] += r * r
 
     def offsets(self, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
         """[chunks] the log-ms correction of each chunk (0 where this machine has no prefill of its kind)."""
@@ -73,4 +82,27 @@ class Correction:
             mean = total / (count + self.prior)
             total, count = self.sized.get((kind, w, b), (0.0, 0.0))
             out[i] = mean + (total - count * mean) / (count + self.prior)
+        return out
+
+    def noise(self) -> float:
+        """sigma^2: a single prefill's variance around its bucket's mean, pooled over the buckets."""
+        ss = sum(self.squares[key] - total * total / count for key, (total, count) in self.sized.items())
+        dof = sum(count - 1 for _, count in self.sized.values())
+        return (ss + NOISE_DOF * NOISE**2) / (dof + NOISE_DOF)
+
+    def difference_variance(self, x: np.ndarray) -> np.ndarray:
+        """[candidates, candidates] how uncertain the correction makes the difference between two
+        uniform plans of one request, `x` [candidates, FEATURES]: the sum of their size buckets'
+        posterior variances where the buckets differ (a plan's chunks share its size's bucket, but
+        the last), 0 where the correction has learnt nothing of this kind (the members' spread alone
+        is the global model's uncertainty)."""
+        out = np.zeros((len(x), len(x)))
+        kind = kinds(x[:1])[0]
+        if not self.prefills or kind not in self.level:
+            return out
+        window, buckets = int(size_bucket(x[:1, _W])[0]), size_bucket(x[:, _C]).tolist()
+        counts = np.array([self.sized.get((kind, window, b), (0.0, 0.0))[1] for b in buckets])
+        var = self.noise() / (counts + self.prior)  # [candidates]
+        out = var[:, None] + var[None, :]
+        out[np.equal.outer(buckets, buckets)] = 0.0
         return out

@@ -4,7 +4,8 @@ cross-validation and the service call: what is judged is exactly what is served.
 
 The chooser takes the argmin of the members' mean predicted TTFT, unless "do no harm" applies: the
 hand rule's size (whose worst case users already know) stays when the predicted saving over it is
-within `z` standard deviations of the members' disagreement about that saving.
+within `z` standard deviations of the members' disagreement about that saving, widened by how little
+this machine's correction knows of the two sizes (chunkpilot.correction) once it has learnt any.
 
 DEFAULT names the recipe `chunkpilot train` registers; the training table shows why (docs/training.md).
 """
@@ -33,15 +34,17 @@ RECIPE_FILE = "recipe.json"
 class Chooser:
     z: float = 1.0  # do no harm within z standard deviations of the predicted saving; 0: plain argmin
 
-    def choose(self, members: np.ndarray, rule: int | None) -> tuple[int, bool]:
+    def choose(self, members: np.ndarray, rule: int | None, noise: np.ndarray | None = None) -> tuple[int, bool]:
         """(the chosen candidate's index, whether do-no-harm sent it to the rule's size) from
-        `members` [K, candidates] log ms; `rule` is the rule's index among the candidates."""
+        `members` [K, candidates] log ms; `rule` is the rule's index among the candidates; `noise`
+        [candidates, candidates] the variance the correction adds to each difference."""
         mean = members.mean(0)
         best = int(np.argmin(mean))
         if self.z <= 0 or rule is None or best == rule:
             return best, False
         saving = members[:, rule] - members[:, best]  # [K] each member's own predicted saving
-        if saving.mean() <= self.z * saving.std():
+        added = 0.0 if noise is None else noise[rule, best]
+        if saving.mean() <= self.z * np.sqrt(saving.var() + added):
             return rule, True
         return best, False
 
@@ -86,13 +89,16 @@ class Recipe:
         """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
         return self.cost.members(x, self._adjust())
 
-    def choose(self, members: np.ndarray, rule: int | None) -> Choice:
-        index, deferred = self.chooser.choose(members, rule)
-        return Choice(index, deferred, members.mean(0), members.std(0), (members - members[:, [index]]).std(0))
+    def choose(self, members: np.ndarray, rule: int | None, noise: np.ndarray | None = None) -> Choice:
+        index, deferred = self.chooser.choose(members, rule, noise)
+        gain_var = (members - members[:, [index]]).var(0) + (0.0 if noise is None else noise[:, index])
+        return Choice(index, deferred, members.mean(0), members.std(0), np.sqrt(gain_var))
 
     def decide(self, x: np.ndarray, rule: int | None) -> Choice:
-        """One config's candidates, `x` [candidates, FEATURES]: the service's call."""
-        return self.choose(self.members(x), rule)
+        """One config's candidates, `x` [candidates, FEATURES]: the service's call. Without a learnt
+        correction it is exactly cross-validation's `choose` on the same members."""
+        noise = None if self._adjust() is None else self.correction.difference_variance(x)
+        return self.choose(self.members(x), rule, noise)
 
     def residuals(self, x: np.ndarray, chunk_ms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One measured prefill of the uniform plan `x` [1, FEATURES]: (its chunks' config rows, query

@@ -30,6 +30,13 @@ def test_do_no_harm_keeps_the_rule_when_the_saving_is_inside_the_members_spread(
     assert Chooser(z=1.0).choose(members, rule=None) == (1, False)  # no rule among the candidates
 
 
+def test_do_no_harm_weighs_the_saving_against_what_the_correction_does_not_know():
+    members = np.log([[100.0, 95.0], [100.5, 95.0], [99.5, 95.0]])  # the members agree: 5% saved
+    assert Chooser(z=1.0).choose(members, rule=0) == (1, False)
+    unsure = np.array([[0.0, 0.01], [0.01, 0.0]])  # the correction's variance of the difference: +-10%
+    assert Chooser(z=1.0).choose(members, rule=0, noise=unsure) == (0, True)
+
+
 def test_rank_level_combines_the_levels_and_the_ranker_by_rank():
     # levels rank (2, 0, 1), ranker (higher is better) ranks (1, 2, 0): sums 3, 2, 1 -> candidate 2
     assert rank_level(np.array([3.0, 1.0, 2.0]), np.array([0.5, 0.1, 0.9])) == 2
@@ -96,3 +103,25 @@ def test_the_correction_moves_what_this_machine_measured_and_its_kind_only(fold)
         assert math.log(1.3) < moved <= math.log(2.0)
     finally:
         recipe.correction = None
+
+
+def test_the_correction_is_as_sure_of_a_size_as_the_prefills_it_learnt_from(fold):
+    table, test, recipe, _ = fold
+    rows = test.rows
+    config = (rows.context_length == 400) & (rows.group == rows.group[rows.context_length == 400].iloc[0])
+    plans = test.x[(config & rows.chunk_size.isin([64, 128])).to_numpy()]  # [2, FEATURES] sizes 64, 128
+    other_kind = test.x[(rows.model != rows.model[config].iloc[0]).to_numpy()][:2]
+    measured = plans[:1]
+    _, q, h = expand(measured)
+    predicted = np.exp(recipe.cost.chunk_log_ms(measured[[0] * len(q)], q, h).mean(0))
+    correction = Correction()
+    assert not correction.difference_variance(plans).any()  # nothing learnt: the members alone
+    rng = np.random.default_rng(0)
+    spread = []
+    for count in (1, 20):
+        while correction.prefills < count:  # prefills of 64-token chunks, +-10% apart
+            correction.learn(*recipe.residuals(measured, (predicted * rng.uniform(0.9, 1.1)).tolist()))
+        spread.append(correction.difference_variance(plans)[0, 1])
+    assert spread[0] > spread[1] > 0  # more prefills of 64, surer of 64 against 128
+    assert correction.difference_variance(plans)[0, 0] == 0  # a size against itself
+    assert not correction.difference_variance(other_kind).any()  # a kind it never measured
