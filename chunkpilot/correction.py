@@ -14,11 +14,13 @@ its kind's mean. So one prefill moves a prediction a third of the way, a dozen a
 sizes never measured here still move with the machine's level.
 
 Single prefills are noisy (a few percent to 20% here), so a size learnt from one or two of them is
-not known to the few percent that separate neighbouring sizes. `difference_variance` states how
-well: each size bucket's posterior variance, sigma^2 / (its prefills + PRIOR), with sigma^2 the
-pooled spread of a bucket's prefills around their mean (NOISE as a prior worth NOISE_DOF prefills
-until this machine has measured its own); the chooser adds it to the members' disagreement before
-it overturns the hand rule. numpy only: the service applies it on every answer.
+not known to the few percent that separate neighbouring sizes. `difference_variance` states the
+noise the correction brings in: a bucket learnt from n prefills moves by n / (n + PRIOR) of their
+mean, which carries n sigma^2 / (n + PRIOR)^2 of their variance (none where it learnt nothing: there
+the members' spread is the global model's own uncertainty), with sigma^2 the pooled spread of a
+bucket's prefills around their mean (NOISE as a prior worth NOISE_DOF prefills until this machine
+has measured its own). The chooser adds it to the members' disagreement before it overturns the
+hand rule. numpy only: the service applies it on every answer.
 """
 
 from __future__ import annotations
@@ -91,18 +93,17 @@ class Correction:
         return (ss + NOISE_DOF * NOISE**2) / (dof + NOISE_DOF)
 
     def difference_variance(self, x: np.ndarray) -> np.ndarray:
-        """[candidates, candidates] how uncertain the correction makes the difference between two
-        uniform plans of one request, `x` [candidates, FEATURES]: the sum of their size buckets'
-        posterior variances where the buckets differ (a plan's chunks share its size's bucket, but
-        the last), 0 where the correction has learnt nothing of this kind (the members' spread alone
-        is the global model's uncertainty)."""
+        """[candidates, candidates] the variance the correction's noise adds to the difference
+        between two uniform plans of one request, `x` [candidates, FEATURES]: the sum of their size
+        buckets' where the buckets differ (a plan's chunks share its size's bucket, but the last);
+        0 for a kind of request the correction has not learnt."""
         out = np.zeros((len(x), len(x)))
         kind = kinds(x[:1])[0]
         if not self.prefills or kind not in self.level:
             return out
         window, buckets = int(size_bucket(x[:1, _W])[0]), size_bucket(x[:, _C]).tolist()
         counts = np.array([self.sized.get((kind, window, b), (0.0, 0.0))[1] for b in buckets])
-        var = self.noise() / (counts + self.prior)  # [candidates]
+        var = self.noise() * counts / (counts + self.prior) ** 2  # [candidates]
         out = var[:, None] + var[None, :]
         out[np.equal.outer(buckets, buckets)] = 0.0
         return out

@@ -105,7 +105,7 @@ def test_the_correction_moves_what_this_machine_measured_and_its_kind_only(fold)
         recipe.correction = None
 
 
-def test_the_correction_is_as_sure_of_a_size_as_the_prefills_it_learnt_from(fold):
+def test_the_correction_states_the_noise_it_brings_into_a_choice(fold):
     table, test, recipe, _ = fold
     rows = test.rows
     config = (rows.context_length == 400) & (rows.group == rows.group[rows.context_length == 400].iloc[0])
@@ -122,6 +122,8 @@ def test_the_correction_is_as_sure_of_a_size_as_the_prefills_it_learnt_from(fold
         while correction.prefills < count:  # prefills of 64-token chunks, +-10% apart
             correction.learn(*recipe.residuals(measured, (predicted * rng.uniform(0.9, 1.1)).tolist()))
         spread.append(correction.difference_variance(plans)[0, 1])
-    assert spread[0] > spread[1] > 0  # more prefills of 64, surer of 64 against 128
+    assert spread[0] > spread[1] > 0  # more prefills of 64, less of their noise in 64 against 128
+    unlearnt = test.x[(config & rows.chunk_size.isin([128, 256])).to_numpy()]  # two sizes it never measured
+    assert len(unlearnt) == 2 and not correction.difference_variance(unlearnt).any()
     assert correction.difference_variance(plans)[0, 0] == 0  # a size against itself
     assert not correction.difference_variance(other_kind).any()  # a kind it never measured
