@@ -123,7 +123,7 @@ def test_the_correction_states_the_noise_it_brings_into_a_choice(fold):
             correction.learn(*recipe.residuals(measured, (predicted * rng.uniform(0.9, 1.1)).tolist()))
         spread.append(correction.difference_variance(plans)[0, 1])
     assert spread[0] > spread[1] > 0  # more prefills of 64, less of their noise in 64 against 128
-    unlearnt = test.x[(config & rows.chunk_size.isin([128, 256])).to_numpy()]  # two sizes it never measured
-    assert len(unlearnt) == 2 and not correction.difference_variance(unlearnt).any()
+    unlearnt = test.x[(config & (rows.chunk_size > 64)).to_numpy()]  # sizes no chunk of it had
+    assert len(unlearnt) >= 2 and not correction.difference_variance(unlearnt).any()
     assert correction.difference_variance(plans)[0, 0] == 0  # a size against itself
     assert not correction.difference_variance(other_kind).any()  # a kind it never measured
