@@ -4,8 +4,8 @@ cross-validation and the service call: what is judged is exactly what is served.
 
 The chooser takes the argmin of the members' mean predicted TTFT, unless "do no harm" applies: the
 hand rule's size (whose worst case users already know) stays when the predicted saving over it is
-within `z` standard deviations of the members' disagreement about that saving, widened by how little
-this machine's correction knows of the two sizes (chunkpilot.correction) once it has learnt any.
+within `z` standard deviations of the members' disagreement about that saving, widened by the noise
+this machine's correction brings into the two sizes' predictions (chunkpilot.correction).
 
 DEFAULT names the recipe `chunkpilot train` registers; the training table shows why (docs/training.md).
 """

@@ -30,7 +30,7 @@ def test_do_no_harm_keeps_the_rule_when_the_saving_is_inside_the_members_spread(
     assert Chooser(z=1.0).choose(members, rule=None) == (1, False)  # no rule among the candidates
 
 
-def test_do_no_harm_weighs_the_saving_against_what_the_correction_does_not_know():
+def test_do_no_harm_weighs_the_saving_against_the_noise_the_correction_brings():
     members = np.log([[100.0, 95.0], [100.5, 95.0], [99.5, 95.0]])  # the members agree: 5% saved
     assert Chooser(z=1.0).choose(members, rule=0) == (1, False)
     unsure = np.array([[0.0, 0.01], [0.01, 0.0]])  # the correction's variance of the difference: +-10%
@@ -106,7 +106,7 @@ def test_the_correction_moves_what_this_machine_measured_and_its_kind_only(fold)
 
 
 def test_the_correction_states_the_noise_it_brings_into_a_choice(fold):
-    table, test, recipe, _ = fold
+    _, test, recipe, _ = fold
     rows = test.rows
     config = (rows.context_length == 400) & (rows.group == rows.group[rows.context_length == 400].iloc[0])
     plans = test.x[(config & rows.chunk_size.isin([64, 128])).to_numpy()]  # [2, FEATURES] sizes 64, 128
