@@ -48,7 +48,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="profiled data to train on")
     parser.add_argument("--model", default="llama-tiny", help="the engine's model for the comparison")
     parser.add_argument(
-        "--max-rounds", default="6", help="most measuring rounds of the comparison (at least 5 unless fewer)"
+        "--max-rounds", default="8", help="most measuring rounds of the comparison (at least 5 unless fewer)"
     )
     parser.add_argument("--explore", default="0.01", help="share of served TTFT the learning phase may explore")
 

@@ -7,6 +7,12 @@ prompt is the median over rounds of the size it chose: two policies that choose 
 the same number, and the measured best is the minimum of those same medians, so no regret is
 negative. Rounds are added until the 95% interval of each saving (paired bootstrap over rounds)
 excludes zero or is narrower than `precision`, up to `max_rounds`.
+
+The search for the best is raced: after each round, a size no policy chose whose fastest time so
+far is more than `drop_above` over the prompt's best median cannot be the best within the run-to-run
+noise (about 10%) and is no longer measured. The policies' sizes are measured every round, so the
+savings are untouched; the race only stops paying for hopeless sizes such as 64-token chunks of a
+9000-token prompt.
 """
 
 from __future__ import annotations
@@ -93,9 +99,15 @@ def _choose(policy: ChunkPolicy, engine, case: PromptCase) -> tuple[int, str] | 
     return min(decision.chunk_size, case.tokens), decision.source
 
 
+def raced_out(p: PromptResult, drop_above: float) -> set[int]:
+    """The sizes no policy chose that are out of the race for the best (module docstring)."""
+    bar = (1 + drop_above) * p.median(p.best)
+    return {c for c, t in p.times.items() if c not in p.choices.values() and min(t) > bar}
+
+
 def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
     """Paired bootstrap over rounds: one draw of round indices serves every prompt, size and policy."""
-    rounds = min(len(t) for p in prompts for t in p.times.values())
+    rounds = min(len(p.times[c]) for p in prompts for c in p.choices.values())  # raced-out sizes stop early
     draws = resampled_rounds(rounds, RESAMPLES, np.random.default_rng(seed))  # [B, R]
     out = []
     for policy, reference in pairs:
@@ -122,6 +134,7 @@ def evaluate(
     min_rounds: int = 3,
     max_rounds: int = 10,
     precision: float = 0.02,
+    drop_above: float = 0.25,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> Evaluation:
     """Measure `cases` as the module says; `pairs` are the (policy, reference) savings to settle."""
@@ -148,13 +161,17 @@ def evaluate(
         for p, sizes in zip(prompts, steps, strict=True):  # each prompt's sizes rotated: drift hits them alike
             for c, times in interleaved(sizes, 1, warmup=0, start=r).items():
                 p.times[c] += times
+            for c in raced_out(p, drop_above) & sizes.keys():
+                del sizes[c]
+        still = f" ({sum(map(len, steps))} sizes still measured)"
         if r < min_rounds:
-            log(f"round {r}/{min_rounds}+ measured")
+            log(f"round {r}/{min_rounds}+ measured{still}")
             continue
         savings = bootstrap_savings(prompts, pairs)
         log(
             f"round {r}: "
             + "; ".join(f"{s.policy} vs {s.reference} {s.saving:+.1%} [{s.low:+.1%}, {s.high:+.1%}]" for s in savings)
+            + still
         )
         if all(s.settled(precision) for s in savings):
             break
@@ -188,7 +205,8 @@ def format_evaluation(ev: Evaluation) -> str:
     sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
     lines.append(
         f"cells: chunk size, median TTFT over {ev.rounds} rounds, regret against the measured best (the "
-        "fastest size of the same measurements)" + (f"; auto decided from: {', '.join(sources)}" if sources else "")
+        "fastest size of the same measurements; sizes over 1.25x the best left the race early)"
+        + (f"; auto decided from: {', '.join(sources)}" if sources else "")
     )
     for s in ev.savings:
         verdict = (

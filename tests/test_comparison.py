@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.comparison import PromptCase, PromptResult, Saving, bootstrap_savings, evaluate, format_evaluation
+from engine.comparison import (
+    PromptCase,
+    PromptResult,
+    Saving,
+    bootstrap_savings,
+    evaluate,
+    format_evaluation,
+    raced_out,
+)
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 
 
@@ -24,7 +32,9 @@ def test_same_choice_same_time_no_negative_regret_and_settled_savings(engines):
     assert ring.choices["rule"] == 64 and ring.choices["fixed 32"] == 32
     for p in result.prompts:
         assert set(p.times) >= set(p.choices.values())  # every choice is among the measured sizes
-        assert all(len(t) == result.rounds for t in p.times.values())  # each size once per round
+        assert all(len(p.times[c]) == result.rounds for c in p.choices.values())  # each choice every round
+        for c, t in p.times.items():  # any other size: every round, or until it left the race for the best
+            assert len(t) == result.rounds or (c not in p.choices.values() and p.median(c) > p.median(p.best))
         assert all(p.median(c) >= p.median(p.best) for c in p.choices.values())
     (saving,) = result.savings
     assert saving.low <= saving.saving <= saving.high
@@ -41,3 +51,17 @@ def test_bootstrap_interval_separates_a_real_saving_and_collapses_on_identical_c
     assert (same.saving, same.low, same.high) == (0.0, 0.0, 0.0)
     assert fast.settled(0.02) and same.settled(0.02)
     assert not Saving("a", "b", 1, 0.01, -0.05, 0.07).settled(0.02)
+
+
+def test_race_drops_only_hopeless_sizes_that_no_policy_chose():
+    """Made-up round times (not measurements): the best median is 10 ms."""
+    times = {64: [30.0, 31.0], 128: [12.4, 13.0], 256: [10.0, 10.2], 512: [14.0, 13.0], 1024: [40.0, 41.0]}
+    p = PromptResult(PromptCase(2048), {"rule": 1024, "auto": 256}, {}, times)
+    # 64 and 512 are over 1.25x the best at their fastest; 128 is not; 1024 stays, a policy chose it
+    assert raced_out(p, 0.25) == {64, 512}
+    assert raced_out(p, 0.5) == {64}
+    # the interval reads only the policies' sizes: a size raced out after 2 rounds does not cut it short
+    p.times[256] += [10.1, 9.9]
+    p.times[1024] += [39.0, 40.5]
+    (saving,) = bootstrap_savings([p], [("auto", "rule")])
+    assert saving.low > 0.7
