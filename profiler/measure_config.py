@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from datetime import UTC, datetime
 
 import pandas as pd
@@ -38,17 +39,26 @@ class EnginePool:
         return self.engines[key]
 
 
-def measure_config(pool: EnginePool, config: ProfileConfig, spec: Spec, hardware: dict) -> pd.DataFrame:
+def measure_config(
+    pool: EnginePool, config: ProfileConfig, spec: Spec, hardware: dict, deadline: float | None = None
+) -> pd.DataFrame:
+    """The config's rows: `spec.warmup` + `spec.repeats` interleaved passes over its chunk sizes, and
+    up to `spec.max_remeasure` more sets of passes while it is noisy, none that would end after
+    `deadline` (time.time()): a budgeted sweep keeps a noisy config marked noisy instead of overrunning."""
     engine = pool.get(config)
     chunks, _ = config.candidates(spec.chunk_sizes)
     n, attention = config.context_length, config.attention
     text = engine.prompt_text(Prompt(num_tokens=n))
     started = datetime.now(UTC)
     steps = {c: lambda c=c: engine.run(text, n, attention, FixedPolicy(c)) for c in chunks}
+    t0 = time.time()
     runs = interleaved(steps, spec.repeats, spec.warmup)
+    per_pass = (time.time() - t0) / (spec.warmup + spec.repeats)
     remeasured = 0
     while (cv := statistics.median(spread([r.ttft_ms for r in runs[c]])[1] for c in chunks)) > spec.cv_threshold:
-        if remeasured == spec.max_remeasure:
+        if remeasured == spec.max_remeasure or (
+            deadline is not None and time.time() + spec.repeats * per_pass > deadline
+        ):
             break
         remeasured += 1  # noisy: more passes, continuing the rotation
         more = interleaved(steps, spec.repeats, warmup=0, start=spec.warmup + remeasured * spec.repeats)

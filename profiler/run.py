@@ -87,6 +87,7 @@ def run_profile(
     times = TimeModel(spec.device)
     start = time.monotonic()
     deadline = None if budget_minutes is None else start + 60 * budget_minutes
+    wall_deadline = None if deadline is None else time.time() + 60 * budget_minutes  # the worker's clock
     print(
         f"profile {spec.name}: {len(spec.configs)} configs, {report.already_done} already done, "
         f"{len(plan)} to measure -> {directory}",
@@ -103,7 +104,7 @@ def run_profile(
                     continue
                 t0 = time.monotonic()
                 try:
-                    rows = worker.measure(config)
+                    rows = worker.measure(config, wall_deadline)
                 except WorkerError as exc:  # one crashed config (out of memory, say) must not end the sweep
                     report.failed.append(config.key)
                     print(

@@ -21,10 +21,11 @@ def _serve(tasks: mp.Queue, results: mp.Queue, spec: Spec, hardware_dir: str) ->
     from .measure_config import EnginePool, measure_config
 
     pool = EnginePool(spec.device)
-    while (config := tasks.get()) is not None:
+    while (task := tasks.get()) is not None:
+        config, deadline = task
         try:
             hardware = descriptors(Path(hardware_dir), config.dtype, config.threads, spec.device)
-            results.put(("ok", measure_config(pool, config, spec, hardware)))
+            results.put(("ok", measure_config(pool, config, spec, hardware, deadline)))
         except ConfigError as exc:
             results.put(("config", (exc.field, exc.message)))
         except Exception:  # report and keep serving: one bad config must not end the sweep
@@ -48,10 +49,11 @@ class Worker:
         )
         self.process.start()
 
-    def measure(self, config: ProfileConfig) -> pd.DataFrame:
+    def measure(self, config: ProfileConfig, deadline: float | None = None) -> pd.DataFrame:
+        """`config`'s rows; no remeasuring of a noisy config past `deadline` (time.time())."""
         if self.process is None or not self.process.is_alive():
             self._start()
-        self.tasks.put(config)
+        self.tasks.put((config, deadline))
         while True:
             try:
                 status, payload = self.results.get(timeout=1.0)

@@ -389,3 +389,15 @@ def test_time_model_learns_flops_and_per_call_cost():
     for flops, calls in [(1e9, 10), (4e9, 10), (1e9, 100), (8e9, 50)]:
         model.learn(config, (flops, calls), flops * 2e-11 + calls * 3e-3)  # a made-up machine
     assert model.seconds(config, (2e9, 20)) == pytest.approx(2e9 * 2e-11 + 20 * 3e-3, rel=0.01)
+
+
+def test_a_noisy_config_is_remeasured_only_while_the_budget_lasts():
+    from profiler.measure_config import EnginePool, measure_config
+
+    spec = Spec.from_dict({**TINY, "cv_threshold": 1e-9})  # every config counts as noisy
+    config = spec.configs[0]
+    pool, hardware = EnginePool("cpu"), {"hardware_id": "test", "device": "cpu"}
+    unbounded = measure_config(pool, config, spec, hardware)
+    assert unbounded.remeasured.iloc[0] == spec.max_remeasure
+    spent = measure_config(pool, config, spec, hardware, deadline=time.time())
+    assert spent.remeasured.iloc[0] == 0 and spent.noisy.all()  # kept, and still marked noisy
