@@ -163,6 +163,19 @@ def workload(engines: dict[str, Engine], policy: AutoPolicy, count: int, rng: ra
     return total
 
 
+def choices_table(times: Times, policies: dict[str, dict[int, int]]) -> str:
+    """Per probe: the best size, and each policy's size with its regret (medians over the probe rounds)."""
+    lines = ["\nper probe: the measured best size; each policy's size and its regret against it"]
+    lines.append(f"{'probe':<32}{'best':>6}" + "".join(f"{name:>14}" for name in policies))
+    for i, (model, n, window, layout) in enumerate(PROBES):
+        med = {c: float(np.median(v)) for c, v in times[i].items()}
+        best = min(med, key=med.get)
+        label = f"{Path(model).stem} {n} " + (f"w{window} {layout}" if window else "no window")
+        cells = "".join(f"{f'{c[i]} {med[c[i]] / med[best] - 1:+.1%}':>14}" for c in policies.values())
+        lines.append(f"{label:<32}{best:>6}{cells}")
+    return "\n".join(lines)
+
+
 def metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
@@ -286,6 +299,7 @@ def main() -> None:
             )
         print(line)
     last = rows[-1]["choices"]
+    print(choices_table(times, {"rule": rule, "1024": fixed, "round 0": rows[0]["choices"], "last": last}))
     for name, theirs in (
         ("the hand rule", rule),
         ("fixed 1024", fixed),
