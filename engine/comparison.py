@@ -88,6 +88,7 @@ class Evaluation:
     prompts: list[PromptResult]
     savings: list[Saving]
     rounds: int
+    drop_above: float  # the race's margin (module docstring)
 
 
 def _choose(policy: ChunkPolicy, engine, case: PromptCase) -> tuple[int, str] | None:
@@ -175,7 +176,7 @@ def evaluate(
         )
         if all(s.settled(precision) for s in savings):
             break
-    return Evaluation(list(policies), prompts, savings, r)
+    return Evaluation(list(policies), prompts, savings, r, drop_above)
 
 
 def format_evaluation(ev: Evaluation) -> str:
@@ -205,7 +206,7 @@ def format_evaluation(ev: Evaluation) -> str:
     sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
     lines.append(
         f"cells: chunk size, median TTFT over {ev.rounds} rounds, regret against the measured best (the "
-        "fastest size of the same measurements; sizes over 1.25x the best left the race early)"
+        f"fastest size of the same measurements; sizes over {1 + ev.drop_above:g}x the best left the race early)"
         + (f"; auto decided from: {', '.join(sources)}" if sources else "")
     )
     for s in ev.savings:
