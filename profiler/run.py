@@ -86,8 +86,8 @@ def run_profile(
     costs = {c: config_cost(c, shapes[c.model], chunks[c], passes) for c in plan}
     times = TimeModel(spec.device)
     start = time.monotonic()
-    deadline = None if budget_minutes is None else start + 60 * budget_minutes
-    wall_deadline = None if deadline is None else time.time() + 60 * budget_minutes  # the worker's clock
+    # wall-clock: the worker process reads the same deadline to bound its re-measures
+    deadline = None if budget_minutes is None else time.time() + 60 * budget_minutes
     print(
         f"profile {spec.name}: {len(spec.configs)} configs, {report.already_done} already done, "
         f"{len(plan)} to measure -> {directory}",
@@ -99,12 +99,12 @@ def run_profile(
     with Worker(spec, out.parent / "hardware") as worker:
         try:
             for i, config in enumerate(plan):
-                if deadline is not None and time.monotonic() + times.seconds(config, costs[config]) > deadline:
+                if deadline is not None and time.time() + times.seconds(config, costs[config]) > deadline:
                     report.over_budget += 1  # a cheaper config later in the plan may still fit
                     continue
                 t0 = time.monotonic()
                 try:
-                    rows = worker.measure(config, wall_deadline)
+                    rows = worker.measure(config, deadline)
                 except WorkerError as exc:  # one crashed config (out of memory, say) must not end the sweep
                     report.failed.append(config.key)
                     print(
@@ -123,7 +123,7 @@ def run_profile(
                 elapsed = time.monotonic() - start
                 remaining = sum(times.seconds(c, costs[c]) for c in plan[i + 1 :])
                 if deadline is not None:
-                    remaining = min(remaining, max(deadline - time.monotonic(), 0))
+                    remaining = min(remaining, max(deadline - time.time(), 0))
                 best = rows.loc[rows.ttft_ms.idxmin()]
                 print(
                     f"[{i + 1:>4}/{len(plan)} {100 * (i + 1) / len(plan):3.0f}%] {_clock(elapsed)} elapsed, "
