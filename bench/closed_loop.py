@@ -12,7 +12,7 @@ policy's regret is the median TTFT of the size it picks over the best size's, an
 bootstrap over those rounds. Scoring a champion costs no further measurement, so every round's
 champion is judged on the very same times.
 
-    .venv/bin/python bench/closed_loop.py [--rounds 3] [--prefills 40] [--explore 0.01] [--probe-rounds 5]
+    .venv/bin/python bench/closed_loop.py [--rounds 3] [--prefills 80] [--explore 0.01] [--probe-rounds 5]
         [--plot docs/closed_loop.png]
 """
 
@@ -183,7 +183,7 @@ def metric(text: str, name: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--prefills", type=int, default=40, help="workload prefills per round")
+    parser.add_argument("--prefills", type=int, default=80, help="workload prefills per round")
     parser.add_argument("--explore", type=float, default=0.01, help="the service's exploration budget")
     # a bootstrap over 3 rounds has only 10 distinct resamples: 5 make an interval worth stating
     parser.add_argument("--probe-rounds", type=int, default=5)
