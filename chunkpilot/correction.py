@@ -13,18 +13,14 @@ PRIOR prefills' worth of weight: the kind's mean towards 0 (the global model), a
 its kind's mean. So one prefill moves a prediction a third of the way, a dozen almost all of it, and
 sizes never measured here still move with the machine's level.
 
-Single prefills are noisy (a few percent to 20% here, more when the host's speed drifts or models
-take turns in one process), so a size learnt from one or two of them is not known to the few percent
-that separate neighbouring sizes. `difference_variance` states how well the correction knows each
-size: shrinking with PRIOR is a normal prior on a bucket's deviation from its kind's mean, with
-variance tau^2 = sigma^2 / PRIOR, so after n prefills the deviation is still uncertain by
-sigma^2 / (n + PRIOR): tau^2 for a size this machine has not measured, less with every prefill, with
-sigma^2 the pooled spread of a bucket's prefills around their mean (NOISE as a prior worth NOISE_DOF
-prefills until this machine has measured its own). The chooser adds it to the members' disagreement
-before it overturns the hand rule, so two lucky prefills of a size do not take the choice from the
-rule's size (as they did when only the estimate's own sampling noise, n sigma^2 / (n + PRIOR)^2, was
-counted: bench/closed_loop.py at 35a419b), and exploration sees most to gain where least is known.
-numpy only: the service applies it on every answer.
+Single prefills are noisy (a few percent to 20% here), so a size learnt from one or two of them is
+not known to the few percent that separate neighbouring sizes. `difference_variance` states the
+noise the correction brings in: a bucket learnt from n prefills moves by n / (n + PRIOR) of their
+mean, which carries n sigma^2 / (n + PRIOR)^2 of their variance (none where it learnt nothing: there
+the members' spread is the global model's own uncertainty), with sigma^2 the pooled spread of a
+bucket's prefills around their mean (NOISE as a prior worth NOISE_DOF prefills until this machine
+has measured its own). The chooser adds it to the members' disagreement before it overturns the
+hand rule. numpy only: the service applies it on every answer.
 """
 
 from __future__ import annotations
@@ -97,18 +93,17 @@ class Correction:
         return (ss + NOISE_DOF * NOISE**2) / (dof + NOISE_DOF)
 
     def difference_variance(self, x: np.ndarray) -> np.ndarray:
-        """[candidates, candidates] the variance this machine's unknown deviations add to the
-        difference between two uniform plans of one request, `x` [candidates, FEATURES]: the sum of
-        their size buckets' posterior variances where the buckets differ (a plan's chunks share its
-        size's bucket, but the last); 0 for a kind of request the correction has not learnt, where
-        the members' spread is the only uncertainty (as in cross-validation)."""
+        """[candidates, candidates] the variance the correction's noise adds to the difference
+        between two uniform plans of one request, `x` [candidates, FEATURES]: the sum of their size
+        buckets' where the buckets differ (a plan's chunks share its size's bucket, but the last);
+        0 for a kind of request the correction has not learnt."""
         out = np.zeros((len(x), len(x)))
         kind = kinds(x[:1])[0]
         if not self.prefills or kind not in self.level:
             return out
         window, buckets = int(size_bucket(x[:1, _W])[0]), size_bucket(x[:, _C]).tolist()
         counts = np.array([self.sized.get((kind, window, b), (0.0, 0.0))[1] for b in buckets])
-        var = self.noise() / (counts + self.prior)  # [candidates] tau^2 = sigma^2 / PRIOR where unmeasured
+        var = self.noise() * counts / (counts + self.prior) ** 2  # [candidates]
         out = var[:, None] + var[None, :]
         out[np.equal.outer(buckets, buckets)] = 0.0
         return out
