@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import servers
-from conftest import QUICK_ARGS
+from conftest import QUICK_ARGS, QUICK_TREES
 
 from chunkpilot.promotion import judge
 from chunkpilot.recipe import DEFAULT, RECIPES
@@ -123,12 +123,13 @@ def test_gate_promotes_only_a_strictly_better_model():
 def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, store, capsys):
     from mlflow import MlflowClient
 
-    assert main(["train", "--data", str(small_dataset)]) == 0
+    # every recipe and baseline judged (the default --compare), on QUICK_TREES trees a member
+    assert main(["train", "--data", str(small_dataset), "--n-estimators", str(QUICK_TREES)]) == 0
     first = capsys.readouterr().out
     assert "registered chunk-size-predictor v1 as champion: no champion yet" in first
     assert "mean regret on held-out configs" in first and "lgbm-classifier" in first
     # the same recipe again (training is deterministic): it ties the champion, so it must not replace it
-    assert main(["train", "--data", str(small_dataset), "--compare", "quick"]) == 0
+    assert main(["train", "--data", str(small_dataset), *QUICK_ARGS]) == 0
     second = capsys.readouterr().out
     assert "v2 as challenger" in second and "does not beat champion v1" in second
     client = MlflowClient()
