@@ -92,7 +92,7 @@ def test_every_script_s_help_lists_the_flags_the_docs_use():
     assert scripts
 
     python = [s for s in scripts if s.endswith(".py")]
-    done = subprocess.run([sys.executable, "-c", HELPS, *python], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", HELPS, *python], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     helps = json.loads(done.stdout.splitlines()[-1])
     for script in set(scripts) - set(python):
