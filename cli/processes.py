@@ -1,5 +1,6 @@
-"""The service as a child process: a free port, `chunkpilot serve` started with settings in its
-environment, and waiting until it answers. Used by the demo, the benches and the tests."""
+"""Servers as child processes: a free port, `chunkpilot serve` started with settings in its
+environment, `mlflow server` over a store, and waiting until they answer. Used by the demo, the
+benches, the tools and the tests."""
 
 from __future__ import annotations
 
@@ -25,6 +26,19 @@ def start_service(port: int, **settings: object) -> subprocess.Popen:
     settings = {"tracking_uri": tracking_uri(), "poll_interval_s": 0, **settings}
     env = {**os.environ, **{f"CHUNKPILOT_{k.upper()}": str(v) for k, v in settings.items()}}
     return subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], env=env)
+
+
+def start_mlflow_server(store: str, port: int, artifacts: str | None = None) -> subprocess.Popen:
+    """`mlflow server` over `store` on 127.0.0.1:`port` (artifacts served from `artifacts` if given),
+    its output discarded. Without MLflow's job execution: ChunkPilot runs no server-side jobs, and
+    with them each server starts seven more Python processes (huey consumers) that take seconds of
+    CPU to start and to stop."""
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--backend-store-uri", store, "--workers", "1"]
+    if artifacts is not None:
+        command += ["--artifacts-destination", artifacts]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def answers(url: str) -> bool:

@@ -1,3 +1,5 @@
+import functools
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -89,12 +91,35 @@ def quick(**params: float) -> dict:
 QUICK_ARGS = ("--compare", "quick", "--n-estimators", str(QUICK_TREES))  # quick() on the command line
 
 
+@functools.cache
+def _empty_store() -> bytes:
+    """An empty MLflow SQLite store, built by MLflow once a session (its migrations take 2 s a store)."""
+    from mlflow import MlflowClient
+
+    path = Path(tempfile.mkdtemp(prefix="chunkpilot-store-")) / "mlflow.db"
+    migrations = logging.getLogger("mlflow.store.db.utils")  # says so at INFO: not the calling test's output
+    level = migrations.level
+    migrations.setLevel(logging.WARNING)
+    try:
+        MlflowClient(f"sqlite:///{path}").search_experiments()
+    finally:
+        migrations.setLevel(level)
+    return path.read_bytes()
+
+
+def sqlite_store(path: Path) -> str:
+    """The tracking URI of a new, empty MLflow store in the SQLite file `path` (a copy of the
+    session's freshly migrated one); artifacts go where the experiment says (mlruns/ in the cwd)."""
+    path.write_bytes(_empty_store())
+    return f"sqlite:///{path}"
+
+
 def train_into_store(data: Path, root: Path) -> str:
     """`chunkpilot train` on `data` into a new MLflow store under `root` (SQLite, artifacts in
     root/mlruns); returns its tracking URI."""
     from training.train import train
 
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = sqlite_store(root / "mlflow.db")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", uri)
         patch.chdir(root)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
-from cli.processes import answers, free_port, start_service
+from cli.processes import answers, free_port, start_mlflow_server, start_service
 
 
 @contextmanager
@@ -66,26 +66,8 @@ def wait_until(check, seconds: float = 30, every: float = 0.1) -> bool:
 @contextmanager
 def mlflow_server(backend_uri: str, artifacts: str | None = None, port: int | None = None) -> Iterator[str]:
     """A real `mlflow server` on a loopback port over `backend_uri`; yields its URL once healthy."""
-    import sys
-
     port = port or free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend-store-uri",
-        backend_uri,
-        "--workers",
-        "1",
-    ]
-    if artifacts is not None:
-        command += ["--artifacts-destination", artifacts]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_mlflow_server(backend_uri, port, artifacts)
     url = f"http://127.0.0.1:{port}"
     try:
         if not wait_until(lambda: answers(f"{url}/health"), seconds=90, every=0.5):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import quick
+from conftest import quick, sqlite_store
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from servers import free_port, serve
@@ -217,7 +217,7 @@ def test_the_served_decision_follows_the_trained_recipe(trained_store):
 
 
 def test_not_ready_without_a_model_then_ready_when_one_appears(tmp_path, small_dataset, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    uri = sqlite_store(tmp_path / "empty.db")
     with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=0.2))) as url:
         ready = httpx.get(f"{url}/readyz")
         assert ready.status_code == 503 and "chunk-size-predictor@champion" in ready.json()["reason"]
@@ -238,7 +238,7 @@ def test_admin_reload_swaps_versions_and_refuses_a_broken_one(tmp_path, small_da
 
     from training.train import train
 
-    uri = f"sqlite:///{tmp_path / 'reload.db'}"
+    uri = sqlite_store(tmp_path / "reload.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     train(small_dataset, **quick())
@@ -342,13 +342,15 @@ def test_a_model_registered_before_recipes_is_refused_with_the_reason(tmp_path, 
     import mlflow
     import numpy as np
 
-    uri = f"sqlite:///{tmp_path / 'old.db'}"
+    uri = sqlite_store(tmp_path / "old.db")
     monkeypatch.chdir(tmp_path)
     mlflow.set_tracking_uri(uri)
     rng = np.random.default_rng(0)
     booster = lgb.train({"verbose": -1}, lgb.Dataset(rng.random((50, 3)), rng.random(50)), num_boost_round=2)
     with mlflow.start_run(experiment_id=mlflow.MlflowClient(uri).create_experiment("older")):
-        mlflow.lightgbm.log_model(booster, name="model", registered_model_name="chunk-size-predictor")
+        mlflow.lightgbm.log_model(
+            booster, name="model", registered_model_name="chunk-size-predictor", pip_requirements=["lightgbm"]
+        )
     mlflow.MlflowClient(uri).set_registered_model_alias("chunk-size-predictor", "champion", "1")
     with serve(create_app(settings(uri))) as url:
         ready = httpx.get(f"{url}/readyz")

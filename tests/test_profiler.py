@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import sqlite_store
 
 from chunkpilot.contract import ConfigError
 from chunkpilot.dataset import (
@@ -249,7 +250,7 @@ def test_summary_regrets_match_a_hand_computation():
 
 @pytest.fixture
 def mlflow_store(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store(tmp_path / "mlflow.db"))
     monkeypatch.chdir(tmp_path)  # artifacts go under ./mlruns
     return tmp_path
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import quick
+from conftest import quick, sqlite_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
@@ -154,7 +154,7 @@ def test_32_clients_get_no_errors_and_the_service_memory_stays_flat(trained_stor
 def test_champion_promoted_under_load_swaps_without_a_failed_or_mixed_answer(tmp_path, small_dataset, monkeypatch):
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'swap.db'}"
+    uri = sqlite_store(tmp_path / "swap.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     two_versions(small_dataset, uri)
@@ -286,7 +286,7 @@ def test_missing_alias_then_corrupt_artifact_then_ready_without_restart(tmp_path
 
     from training.train import train
 
-    uri = f"sqlite:///{tmp_path / 'faults.db'}"
+    uri = sqlite_store(tmp_path / "faults.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     train(small_dataset, **quick())

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+from conftest import sqlite_store
 from servers import free_port, serve
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
@@ -354,7 +355,7 @@ def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_un
 
     from chunkpilot import promotion, registry
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=sqlite_store(tmp_path / "mlflow.db"))
     client.create_registered_model(registry.MODEL_NAME)
     for features in ("a,b", "a,b", "a,b,c"):  # the third: trained on the features of another version
         run = client.create_run(client.create_experiment(f"e{features}{len(client.search_experiments())}"))

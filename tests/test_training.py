@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import servers
-from conftest import QUICK_ARGS, QUICK_TREES
+from conftest import QUICK_ARGS, QUICK_TREES, sqlite_store
 
 from chunkpilot.promotion import judge
 from chunkpilot.recipe import DEFAULT, RECIPES
@@ -22,7 +22,7 @@ from training.served import served_fit
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sqlite_store(tmp_path / "mlflow.db"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -174,7 +174,7 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    with servers.mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", str(tmp_path / "artifacts")) as url:
+    with servers.mlflow_server(sqlite_store(tmp_path / "server.db"), str(tmp_path / "artifacts")) as url:
         yield url
 
 
@@ -215,7 +215,7 @@ def test_a_champion_of_an_older_chunkpilot_is_replaced(tmp_path):
 
     from chunkpilot.promotion import gate
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=sqlite_store(tmp_path / "mlflow.db"))
     client.create_registered_model(MODEL_NAME)
     run = client.create_run(client.create_experiment("older"))
     client.log_param(run.info.run_id, "features", "context_length,chunk_size")

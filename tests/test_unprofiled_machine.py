@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from conftest import quick, train_into_store
+from conftest import quick, sqlite_store, train_into_store
 from servers import free_port, serve, wait_until
 
 from chunkpilot.contract import PRESETS, AttentionConfig, RequestFeatures
@@ -75,7 +75,7 @@ def prefill_auto(tmp_path, uri: str, *extra: str) -> tuple[dict, str]:
     return json.loads(done.stdout), done.stderr
 
 
-def test_unseen_machine_gets_service_decisions_from_any_folder(tmp_path, foreign_store):
+def test_unseen_machine_gets_service_then_in_process_decisions_from_any_folder(tmp_path, foreign_store):
     with serve(create_app(Settings(tracking_uri=foreign_store, poll_interval_s=0))) as url:
         report, err = prefill_auto(tmp_path, foreign_store, "--predictor-url", url)
     sources = [r["decision_source"] for r in report["repeats"]]
@@ -84,13 +84,9 @@ def test_unseen_machine_gets_service_decisions_from_any_folder(tmp_path, foreign
     assert "measuring this machine" in err  # the empty cache was filled once...
     cached = list((tmp_path / "cache" / "hardware").glob("*.json"))
     assert len(cached) == 1 and "float32/2" in json.loads(cached[0].read_text())
-    _, again = prefill_auto(tmp_path, foreign_store, "--in-process")
+    report, again = prefill_auto(tmp_path, foreign_store, "--in-process")
     assert "measuring this machine" not in again  # ...and reused
-
-
-def test_unseen_machine_gets_in_process_decisions(tmp_path, foreign_store):
-    report, err = prefill_auto(tmp_path, foreign_store, "--in-process")
-    assert report["decision_source"] == "in-process" and report["decision_model_version"] == "1", err
+    assert report["decision_source"] == "in-process" and report["decision_model_version"] == "1", again
 
 
 def test_a_fallback_says_why_once_on_stderr_and_in_the_json(tmp_path, foreign_store):
@@ -122,7 +118,7 @@ def test_a_promoted_model_replaces_cached_answers_within_poll_plus_ttl(tmp_path,
     from chunkpilot.registry import MODEL_NAME
     from training.train import train
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri := f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri := sqlite_store(tmp_path / "mlflow.db"))
     monkeypatch.chdir(tmp_path)
     train(small_dataset, **quick())
     request = RequestFeatures(3000, PRESETS["llama-tiny"], AttentionConfig(512, "ring"), "float32", 2, "sdpa")

@@ -23,7 +23,7 @@ import httpx
 from mlflow import MlflowClient
 
 from chunkpilot.registry import CHAMPION, MODEL_NAME
-from cli.processes import free_port
+from cli.processes import free_port, start_mlflow_server
 
 # the runs a reader compares: the served recipe, its plain argmin, the old default and the fixed policies
 COMPARED = ["per-chunk", "per-chunk-argmin", "lgbm-rank-level", "hand-rule", "fixed-1024", "best-fixed"]
@@ -69,24 +69,7 @@ def main() -> int:
     version = client.get_model_version_by_alias(MODEL_NAME, CHAMPION).version
 
     port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            args.store,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = start_mlflow_server(args.store, port)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
