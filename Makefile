@@ -17,9 +17,9 @@ demo: $(STAMP)
 	$(VENV)/bin/chunkpilot demo
 
 # The tests run in two workers, whole files each (a module's PostgreSQL + mlflow server stays one):
-# the suite is mostly process starts, servers and MLflow on one core at a time (15 min in one
-# process, 9-10 in two on 2 cores). OpenMP threads sleep instead of spinning while they wait, since
-# both workers' torch threads share the cores.
+# the suite is mostly process starts, servers and MLflow on one core at a time (14.4 min in one
+# process, 8.2 in two on 2 cores: see the README). OpenMP threads sleep instead of spinning while
+# they wait, since both workers' torch threads share the cores.
 PYTEST := OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n 2 --dist loadfile
 
 # the structure is checked with the tests: lint, format, the one-way import contracts (pyproject.toml)
