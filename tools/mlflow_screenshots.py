@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 from mlflow import MlflowClient
 
 from chunkpilot.registry import CHAMPION, MODEL_NAME
-from cli.processes import free_port, start_mlflow_server
+from cli.processes import answers, free_port, start_mlflow_server
 
 # the runs a reader compares: the served recipe, its plain argmin, the old default and the fixed policies
 COMPARED = ["per-chunk", "per-chunk-argmin", "lgbm-rank-level", "hand-rule", "fixed-1024", "best-fixed"]
@@ -73,11 +72,8 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(120):
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            if answers(f"{base}/health"):
+                break
             time.sleep(0.5)
         else:
             print("mlflow_screenshots: mlflow server did not answer /health in 60 s", file=sys.stderr)
