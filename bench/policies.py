@@ -1,14 +1,15 @@
 """The policies side by side on prompts the model was never trained on: `auto` (the champion,
 in-process), fixed 1024, the hand rule and one shot, measured by the one evaluator
-(engine/comparison.py): every distinct chunk size per round, interleaved, rounds until auto's savings
-over the rule and over 1024 are settled. Prints per-prompt TTFT and regret against the measured
+(engine/comparison.py): every distinct chunk size per round for 3 rounds, interleaved, then only the
+sizes still compared, rounds until the intervals of auto's savings over the rule and over 1024 are
+narrower than 2% or --max-rounds pass. Prints per-prompt TTFT and regret against the measured
 best, and each saving with its 95% interval. Needs a champion: run `make demo` or `chunkpilot
 train` first.
 
 The prompts use context lengths and windows that are not in data/specs/cpu-shipped.yaml (768 and
 1536 are windows no shipped config has).
 
-    .venv/bin/python bench/policies.py [--models llama-tiny,qwen2-gqa] [--max-rounds 8]
+    .venv/bin/python bench/policies.py [--models llama-tiny,qwen2-gqa] [--max-rounds 20]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ PROMPTS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(PROMPTS))
-    parser.add_argument("--max-rounds", type=int, default=8)
+    parser.add_argument("--max-rounds", type=int, default=20)
     args = parser.parse_args()
     start = time.monotonic()
     for model in args.models.split(","):

@@ -48,12 +48,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="profiled data to train on")
     parser.add_argument("--model", default="llama-tiny", help="the engine's model for the comparison")
     parser.add_argument(
-        "--max-rounds", default="8", help="most measuring rounds of the comparison (at least 5 unless fewer)"
+        "--max-rounds", default="40", help="most measuring rounds of the comparison (at least 5 unless fewer)"
+    )
+    parser.add_argument(
+        "--minutes", default="9.5", help="the demo's time budget: the comparison adds rounds while they fit in it"
     )
     parser.add_argument("--explore", default="0.01", help="share of served TTFT the learning phase may explore")
 
 
 STEPS = 6
+FULL_ROUNDS = 3  # comparison rounds that time every size (the race for the best), before only the compared
+STOP_S = 10  # what the demo does after the comparison: stop the service, print
 
 
 def _step(n: int, text: str, start: float) -> None:
@@ -69,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from training.train import train_and_report
 
     minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)
-    max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=50)
+    max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=200)
+    budget = number("minutes", args.minutes, float, gt=0, le=120)
     explore = number("explore", args.explore, float, ge=0, le=0.5)
     start = time.monotonic()
     spec = Spec.from_file(args.spec)
@@ -110,10 +116,11 @@ def run(args: argparse.Namespace) -> int:
             5,
             f"restarted the service without exploring (its correction re-learnt from the {learnt} prefills kept in "
             f"its telemetry); {args.model}: {len(PROMPTS)} other prompts, every chunk size (each policy's choice "
-            f"among them) per round, rounds until auto's savings are settled ({min(5, max_rounds)} to {max_rounds})",
+            f"among them) for {min(FULL_ROUNDS, max_rounds)} rounds, then only the sizes still compared, rounds "
+            f"while they fit in {budget:g} min ({min(5, max_rounds)} to {max_rounds})",
             start,
         )
-        table = compare_with_service(args.model, url, max_rounds)
+        table = compare_with_service(args.model, url, max_rounds, deadline=start + budget * 60 - STOP_S)
     finally:
         service.terminate()
         service.wait(timeout=20)
@@ -159,9 +166,12 @@ def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
     )
 
 
-def compare_with_service(model: str, url: str, max_rounds: int, cases: list | None = None) -> str:
+def compare_with_service(
+    model: str, url: str, max_rounds: int, cases: list | None = None, deadline: float | None = None
+) -> str:
     """The demo's comparison: `auto` asking the service, fixed 1024 and the hand rule, measured by
-    the one evaluator (engine/comparison.py) until the savings are settled or `max_rounds` pass."""
+    the one evaluator (engine/comparison.py) until the savings are settled, `deadline` passes or
+    `max_rounds` do."""
     from engine.comparison import evaluate, format_evaluation
     from engine.engine import Engine, EngineConfig
     from engine.hardware import local_hardware
@@ -177,8 +187,10 @@ def compare_with_service(model: str, url: str, max_rounds: int, cases: list | No
             policies,
             cases or PROMPTS,
             [("auto", "hand rule"), ("auto", "fixed 1024")],
-            min_rounds=min(5, max_rounds),  # a paired bootstrap over 5 rounds has 126 distinct resamples
+            full_rounds=min(FULL_ROUNDS, max_rounds),
+            min_rounds=min(5, max_rounds),  # a bootstrap over 5 rounds has 126 distinct resamples
             max_rounds=max_rounds,
+            deadline=deadline,
         )
     finally:
         auto.close()

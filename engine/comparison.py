@@ -5,14 +5,21 @@ Each policy is asked once per prompt for its chunk size. Then every distinct siz
 interleaved over the prompts with the order rotated, after a warm-up round. A policy's TTFT on a
 prompt is the median over rounds of the size it chose: two policies that choose the same size get
 the same number, and the measured best is the minimum of those same medians, so no regret is
-negative. Rounds are added until the 95% interval of each saving (paired bootstrap over rounds)
-excludes zero or is narrower than `precision`, up to `max_rounds`.
+negative.
 
 The search for the best is raced: after each round, a size no policy chose whose fastest time so
 far is more than `drop_above` over the prompt's best median cannot be the best within the run-to-run
-noise (about 10%) and is no longer measured. The policies' sizes are measured every round, so the
-savings are untouched; the race only stops paying for hopeless sizes such as 64-token chunks of a
-9000-token prompt.
+noise (about 10%) and is no longer measured. After `full_rounds` such rounds the best is known well
+enough, and the rounds that follow time only what is still compared: the policies' sizes and the
+best so far, on the prompts where the policies differ. Rounds then cost a fraction of a full
+one, so the savings get many more of them in the same minutes.
+
+A saving of A over B is a share of B's total TTFT: on each prompt, one minus the median over rounds
+of A's time over B's in the same round (timed moments apart, so what the host does to both largely
+cancels), weighted by B's median TTFT on the prompt. Its 95% interval is a bootstrap over
+each prompt's rounds. After `min_rounds`, rounds are added until every interval is narrower than
+`precision`, the `deadline` leaves no room for another round, or `max_rounds` pass: never on what a
+result says, so the interval keeps its 95%.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import functools
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -69,7 +77,8 @@ class PromptResult:
 
 @dataclass(frozen=True)
 class Saving:
-    """1 - TTFT(policy) / TTFT(reference), summed over the prompts both ran, with its 95% interval."""
+    """The share of the reference's total TTFT that the policy saves, over the prompts both ran, with
+    its 95% interval (module docstring)."""
 
     policy: str
     reference: str
@@ -79,7 +88,8 @@ class Saving:
     high: float
 
     def settled(self, precision: float) -> bool:
-        return self.low > 0 or self.high < 0 or self.high - self.low < precision
+        """Narrower than `precision`: whichever side of 0 it lies, so stopping on it keeps the 95%."""
+        return self.high - self.low < precision
 
 
 @dataclass
@@ -87,7 +97,8 @@ class Evaluation:
     policies: list[str]
     prompts: list[PromptResult]
     savings: list[Saving]
-    rounds: int
+    rounds: int  # rounds of the sizes still compared (the others: `full_rounds`, or until raced out)
+    full_rounds: int  # rounds that timed every size still in the race (module docstring)
     drop_above: float  # the race's margin (module docstring)
 
 
@@ -106,24 +117,31 @@ def raced_out(p: PromptResult, drop_above: float) -> set[int]:
     return {c for c, t in p.times.items() if c not in p.choices.values() and min(t) > bar}
 
 
+def still_compared(p: PromptResult) -> set[int]:
+    """The sizes timed after the full rounds: the policies' sizes and the best so far, where the
+    policies differ (where they agree, their savings are 0 and their regrets equal whatever is timed)."""
+    chosen = set(p.choices.values())
+    return chosen | {p.best} if len(chosen) > 1 else set()
+
+
 def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
-    """Paired bootstrap over rounds: one draw of round indices serves every prompt, size and policy."""
-    rounds = min(len(p.times[c]) for p in prompts for c in p.choices.values())  # raced-out sizes stop early
-    draws = resampled_rounds(rounds, RESAMPLES, np.random.default_rng(seed))  # [B, R]
+    """Each saving from the per-round ratios of the two policies' sizes (module docstring). The
+    bootstrap resamples each prompt's rounds, with the same draws for every pair."""
     out = []
     for policy, reference in pairs:
-        both = [p for p in prompts if policy in p.choices and reference in p.choices]
+        both = [(k, p) for k, p in enumerate(prompts) if policy in p.choices and reference in p.choices]
         if not both:
             continue
-        totals = {}
-        for name in (policy, reference):
-            per_prompt = [np.asarray(p.times[p.choices[name]][:rounds]) for p in both]  # each [R]
-            point = sum(float(np.median(t)) for t in per_prompt)
-            boot = sum(np.median(t[draws], axis=1) for t in per_prompt)  # [B]
-            totals[name] = (point, boot)
-        saving = 1 - totals[policy][0] / totals[reference][0]
-        low, high = np.quantile(1 - totals[policy][1] / totals[reference][1], [0.025, 0.975])
-        out.append(Saving(policy, reference, len(both), saving, float(low), float(high)))
+        weights = np.array([p.median(p.choices[reference]) for _, p in both])  # [P] the reference's TTFT
+        point, boot = np.zeros(len(both)), np.zeros((RESAMPLES, len(both)))  # per-prompt savings; [B, P]
+        for j, (k, p) in enumerate(both):
+            # [R] the same round, moments apart (every policy's size on a prompt is timed in the same rounds)
+            ratio = np.asarray(p.times[p.choices[policy]]) / np.asarray(p.times[p.choices[reference]])
+            draws = resampled_rounds(len(ratio), RESAMPLES, np.random.default_rng([seed, k]))  # [B, R]
+            point[j], boot[:, j] = 1 - np.median(ratio), 1 - np.median(ratio[draws], axis=1)
+        share = weights / weights.sum()  # [P]
+        low, high = np.quantile(boot @ share, [0.025, 0.975])
+        out.append(Saving(policy, reference, len(both), float(point @ share), float(low), float(high)))
     return out
 
 
@@ -132,13 +150,16 @@ def evaluate(
     policies: dict[str, ChunkPolicy],
     cases: list[PromptCase],
     pairs: list[tuple[str, str]],
-    min_rounds: int = 3,
-    max_rounds: int = 10,
+    full_rounds: int = 3,
+    min_rounds: int = 5,
+    max_rounds: int = 20,
     precision: float = 0.02,
     drop_above: float = 0.25,
+    deadline: float | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> Evaluation:
-    """Measure `cases` as the module says; `pairs` are the (policy, reference) savings to settle."""
+    """Measure `cases` as the module says; `pairs` are the (policy, reference) savings to settle;
+    `deadline` (time.monotonic()) bars a round past `min_rounds` that would likely end after it."""
     from .engine import Prompt
 
     prompts = []
@@ -158,30 +179,38 @@ def evaluate(
     for sizes in steps:
         interleaved(sizes, 0)  # warm-up
     savings: list[Saving] = []
-    for r in range(1, max_rounds + 1):
+    rounds, took = 0, 0.0  # rounds done; seconds the latest took
+    while rounds < max_rounds:
+        if rounds >= min_rounds and deadline is not None and time.monotonic() + took > deadline:
+            log(f"no time for round {rounds + 1}: stopped after {rounds}")
+            break
+        rounds += 1
+        began = time.monotonic()
         for p, sizes in zip(prompts, steps, strict=True):  # each prompt's sizes rotated: drift hits them alike
-            for c, times in interleaved(sizes, 1, warmup=0, start=r).items():
+            for c, times in interleaved(sizes, 1, warmup=0, start=rounds).items():
                 p.times[c] += times
-            for c in raced_out(p, drop_above) & sizes.keys():
+            dropped = raced_out(p, drop_above) if rounds < full_rounds else p.times.keys() - still_compared(p)
+            for c in dropped & sizes.keys():
                 del sizes[c]
+        took = time.monotonic() - began
         still = f" ({sum(map(len, steps))} sizes still measured)"
-        if r < min_rounds:
-            log(f"round {r}/{min_rounds}+ measured{still}")
+        if rounds < min_rounds:
+            log(f"round {rounds}/{min_rounds}+ measured{still}")
             continue
         savings = bootstrap_savings(prompts, pairs)
         log(
-            f"round {r}: "
+            f"round {rounds}: "
             + "; ".join(f"{s.policy} vs {s.reference} {s.saving:+.1%} [{s.low:+.1%}, {s.high:+.1%}]" for s in savings)
             + still
         )
-        if all(s.settled(precision) for s in savings):
+        if all(s.settled(precision) for s in savings) or not any(steps):
             break
-    return Evaluation(list(policies), prompts, savings, r, drop_above)
+    return Evaluation(list(policies), prompts, savings, rounds, min(rounds, full_rounds), drop_above)
 
 
 def format_evaluation(ev: Evaluation) -> str:
     width = 22
-    lines = [f"{'prompt':<28}" + "".join(f"{p:>{width}}" for p in ev.policies) + f"{'measured best':>{width}}"]
+    lines = [f"{'prompt':<28}" + "".join(f"{p:>{width}}" for p in ev.policies) + f"{'measured best':>{width}}   rounds"]
     for p in ev.prompts:
         best = p.median(p.best)
         cells = [
@@ -191,7 +220,9 @@ def format_evaluation(ev: Evaluation) -> str:
             for n in ev.policies
         ]
         lines.append(
-            f"{p.case.label:<28}" + "".join(f"{c:>{width}}" for c in cells) + f"{p.best:>5} {best:>7.0f}ms      "
+            f"{p.case.label:<28}"
+            + "".join(f"{c:>{width}}" for c in cells)
+            + f"{p.best:>5} {best:>7.0f}ms      {max(map(len, p.times.values())):>8}"
         )
     common = [p for p in ev.prompts if all(n in p.choices for n in ev.policies)]
     totals = [sum(p.median(p.choices[n]) for p in common) for n in ev.policies] + [
@@ -205,9 +236,10 @@ def format_evaluation(ev: Evaluation) -> str:
     lines.append(f"{'mean regret vs best':<28}" + "".join(f"{r:>{width - 1}.1%} " for r in regrets))
     sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
     lines.append(
-        f"cells: chunk size, median TTFT over {ev.rounds} rounds, regret against the measured best (the "
-        f"fastest size of the same measurements; sizes over {1 + ev.drop_above:g}x the best left the race early)"
-        + (f"; auto decided from: {', '.join(sources)}" if sources else "")
+        f"cells: chunk size, median TTFT over the prompt's rounds, regret against the measured best (the "
+        f"fastest size of the same measurements; sizes over {1 + ev.drop_above:g}x the best left the race early; "
+        f"after {ev.full_rounds} rounds of every size left, only the policies' sizes and the best were timed, on the "
+        "prompts where they differ)" + (f"; auto decided from: {', '.join(sources)}" if sources else "")
     )
     for s in ev.savings:
         verdict = (
@@ -218,7 +250,8 @@ def format_evaluation(ev: Evaluation) -> str:
             f"95% CI [{s.low:+.1%}, {s.high:+.1%}] -> {verdict}"
         )
     lines.append(
-        "(95% CI: a paired bootstrap over the measured rounds; the saving on this machine and these prompts "
-        "lies inside it with 95% confidence, and an interval that holds 0 means the two cannot be told apart)"
+        "(saved: per prompt, 1 - the median over rounds of the two sizes' ratio in the same round, weighted by the "
+        "reference's TTFT; 95% CI: a bootstrap over each prompt's rounds; the saving on this machine and these "
+        "prompts lies inside it with 95% confidence, and an interval that holds 0 means the two cannot be told apart)"
     )
     return "\n".join(lines)

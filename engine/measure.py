@@ -39,8 +39,8 @@ def spread(values: list[float]) -> tuple[float, float]:
 
 def resampled_rounds(rounds: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
     """[B, R] round indices drawn with replacement: the one bootstrap of the project. Every quantity
-    compared (candidates, policies, prompts) is read at the same draws, so the interval is paired
-    and drift between rounds cancels."""
+    compared over the same rounds (candidates, policies) is read at the same draws, so the interval
+    is paired and drift between rounds cancels."""
     return rng.integers(0, rounds, (resamples, rounds))
 
 

@@ -1,7 +1,10 @@
 """The policy evaluator: one measurement per distinct chunk size per round, shared by every policy
-that chose it; regrets against the minimum of the same data; savings with bootstrap intervals."""
+that chose it; regrets against the minimum of the same data; savings from each round's ratio of
+the two sizes, with bootstrap intervals, and rounds that stop on time or precision, never on sign."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -13,17 +16,30 @@ from engine.comparison import (
     evaluate,
     format_evaluation,
     raced_out,
+    still_compared,
 )
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 
 
-def test_same_choice_same_time_no_negative_regret_and_settled_savings(engines):
+def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_still_compared(engines):
     engine = engines("llama-tiny")
     policies = {"rule": RulePolicy(), "one shot": FullPolicy(), "fixed 32": FixedPolicy(32, capped=True)}
     cases = [PromptCase(96), PromptCase(160, 64, "ring", 4)]
     lines: list[str] = []
-    result = evaluate(engine, policies, cases, [("fixed 32", "rule")], min_rounds=2, max_rounds=3, log=lines.append)
-    assert 2 <= result.rounds <= 3 and len(lines) == result.rounds
+    result = evaluate(
+        engine,
+        policies,
+        cases,
+        [("fixed 32", "rule")],
+        full_rounds=1,
+        min_rounds=2,
+        max_rounds=4,
+        precision=0,  # never narrow enough: only the deadline, already passed, ends it after `min_rounds`
+        deadline=time.monotonic(),
+        log=lines.append,
+    )
+    assert (result.rounds, result.full_rounds) == (2, 1)
+    assert lines[-1] == "no time for round 3: stopped after 2" and len(lines) == 3
     short, ring = result.prompts
     # 96 tokens: the rule (512, cut to the prompt) and one shot both run the whole prompt at once
     assert short.choices["rule"] == short.choices["one shot"] == 96
@@ -32,9 +48,10 @@ def test_same_choice_same_time_no_negative_regret_and_settled_savings(engines):
     assert ring.choices["rule"] == 64 and ring.choices["fixed 32"] == 32
     for p in result.prompts:
         assert set(p.times) >= set(p.choices.values())  # every choice is among the measured sizes
-        assert all(len(p.times[c]) == result.rounds for c in p.choices.values())  # each choice every round
-        for c, t in p.times.items():  # any other size: every round, or until it left the race for the best
-            assert len(t) == result.rounds or (c not in p.choices.values() and p.median(c) > p.median(p.best))
+        # the policies differ on both prompts, so their sizes and the best are timed every round
+        assert all(len(p.times[c]) == result.rounds for c in {*p.choices.values(), p.best})
+        for c, t in p.times.items():  # any other size: the full round only
+            assert len(t) == result.full_rounds or c in {*p.choices.values(), p.best}
         assert all(p.median(c) >= p.median(p.best) for c in p.choices.values())
     (saving,) = result.savings
     assert saving.low <= saving.saving <= saving.high
@@ -42,15 +59,45 @@ def test_same_choice_same_time_no_negative_regret_and_settled_savings(engines):
     assert "fixed 32 vs rule:" in table and "95% CI" in table and "n/a" in table
 
 
-def test_bootstrap_interval_separates_a_real_saving_and_collapses_on_identical_choices():
-    """Made-up round times (not measurements): size 1 takes about half of size 2."""
-    times = {1: [10.0, 10.5, 9.8, 10.2, 10.1], 2: [20.0, 19.0, 21.0, 20.5, 19.5]}
+def test_saving_reads_each_round_s_ratio_so_drift_between_rounds_cancels():
+    """Made-up round times (not measurements): the host's speed halves and doubles between rounds,
+    and within each round size 1 takes half of size 2."""
+    slow = [20.0, 40.0, 30.0, 60.0, 24.0]
+    times = {1: [t / 2 for t in slow], 2: slow}
     prompts = [PromptResult(PromptCase(100), {"fast": 1, "slow": 2, "same": 2}, {}, times)]
     fast, same = bootstrap_savings(prompts, [("fast", "slow"), ("same", "slow")])
-    assert fast.saving == pytest.approx(1 - 10.1 / 20.0) and 0.4 < fast.low <= fast.high < 0.6
+    assert (fast.saving, fast.low, fast.high) == (0.5, 0.5, 0.5)
     assert (same.saving, same.low, same.high) == (0.0, 0.0, 0.0)
-    assert fast.settled(0.02) and same.settled(0.02)
+
+
+def test_saving_is_a_share_of_the_reference_s_total_ttft_with_an_interval_around_it():
+    """Made-up round times (not measurements): a 100 ms prompt where `a` saves about half, and a
+    300 ms one where both chose the same size, so the total saving is about 50% of 100 / 400."""
+    short = {1: [50.0, 52.5, 49.0, 51.0, 50.5], 2: [100.0, 95.0, 105.0, 102.5, 97.5]}
+    long = {3: [300.0, 310.0, 290.0, 305.0, 295.0]}
+    prompts = [
+        PromptResult(PromptCase(100), {"a": 1, "b": 2}, {}, short),
+        PromptResult(PromptCase(300), {"a": 3, "b": 3}, {}, long),
+    ]
+    (saving,) = bootstrap_savings(prompts, [("a", "b")])
+    assert saving.saving == pytest.approx(0.5 * 100 / 400)  # the median round's ratio is 50 / 100
+    assert 0.1 < saving.low < saving.saving < saving.high < 0.15
+
+
+def test_settled_means_narrow_whichever_side_of_zero():
+    """Stopping as soon as an interval leaves 0 would pick the rounds that say so: not a 95% interval."""
+    assert Saving("a", "b", 1, 0.0, -0.005, 0.005).settled(0.02)
+    assert not Saving("a", "b", 1, 0.30, 0.20, 0.40).settled(0.02)
     assert not Saving("a", "b", 1, 0.01, -0.05, 0.07).settled(0.02)
+
+
+def test_only_prompts_where_the_policies_differ_are_still_compared():
+    """Made-up round times (not measurements)."""
+    times = {256: [10.0, 10.2], 512: [11.0, 11.5], 1024: [12.0, 12.5]}
+    differ = PromptResult(PromptCase(2048), {"auto": 512, "rule": 1024}, {}, times)
+    agree = PromptResult(PromptCase(2048), {"auto": 512, "rule": 512}, {}, times)
+    assert still_compared(differ) == {256, 512, 1024}  # both choices and the best
+    assert still_compared(agree) == set()  # the same size: a saving of 0, the same regret
 
 
 def test_race_drops_only_hopeless_sizes_that_no_policy_chose():
