@@ -187,6 +187,8 @@ def evaluate(
         rounds += 1
         began = time.monotonic()
         for p, sizes in zip(prompts, steps, strict=True):  # each prompt's sizes rotated: drift hits them alike
+            if not sizes:  # nothing left to compare on this prompt
+                continue
             for c, times in interleaved(sizes, 1, warmup=0, start=rounds).items():
                 p.times[c] += times
             dropped = raced_out(p, drop_above) if rounds < full_rounds else p.times.keys() - still_compared(p)

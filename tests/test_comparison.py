@@ -24,7 +24,7 @@ from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_still_compared(engines):
     engine = engines("llama-tiny")
     policies = {"rule": RulePolicy(), "one shot": FullPolicy(), "fixed 32": FixedPolicy(32, capped=True)}
-    cases = [PromptCase(96), PromptCase(160, 64, "ring", 4)]
+    cases = [PromptCase(96), PromptCase(160, 64, "ring", 4), PromptCase(32)]
     lines: list[str] = []
     result = evaluate(
         engine,
@@ -40,19 +40,21 @@ def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_sti
     )
     assert (result.rounds, result.full_rounds) == (2, 1)
     assert lines[-1] == "no time for round 3: stopped after 2" and len(lines) == 3
-    short, ring = result.prompts
+    short, ring, tiny = result.prompts
     # 96 tokens: the rule (512, cut to the prompt) and one shot both run the whole prompt at once
     assert short.choices["rule"] == short.choices["one shot"] == 96
     assert short.median(short.choices["rule"]) == short.median(short.choices["one shot"])
     assert "one shot" not in ring.choices  # a 160-token chunk does not fit a 64-token ring
     assert ring.choices["rule"] == 64 and ring.choices["fixed 32"] == 32
-    for p in result.prompts:
+    # 32 tokens: every policy runs it in one chunk, so after the full round there is nothing to compare
+    assert set(tiny.choices.values()) == {32} and all(len(t) == result.full_rounds for t in tiny.times.values())
+    for p in (short, ring):
         assert set(p.times) >= set(p.choices.values())  # every choice is among the measured sizes
-        # the policies differ on both prompts, so their sizes and the best are timed every round
+        # the policies differ, so their sizes and the best are timed every round
         assert all(len(p.times[c]) == result.rounds for c in {*p.choices.values(), p.best})
         for c, t in p.times.items():  # any other size: the full round only
             assert len(t) == result.full_rounds or c in {*p.choices.values(), p.best}
-        assert all(p.median(c) >= p.median(p.best) for c in p.choices.values())
+    assert all(p.median(c) >= p.median(p.best) for p in result.prompts for c in p.choices.values())
     (saving,) = result.savings
     assert saving.low <= saving.saving <= saving.high
     table = format_evaluation(result)
