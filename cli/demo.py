@@ -57,7 +57,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 STEPS = 6
-FULL_ROUNDS = 3  # comparison rounds that time every size (the race for the best), before only the compared
+FULL_ROUNDS = 2  # comparison rounds that time every size (the race for the best), before only the compared
 STOP_S = 10  # what the demo does after the comparison: stop the service, print
 
 

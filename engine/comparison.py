@@ -8,18 +8,20 @@ the same number, and the measured best is the minimum of those same medians, so 
 negative.
 
 The search for the best is raced: after each round, a size no policy chose whose fastest time so
-far is more than `drop_above` over the prompt's best median cannot be the best within the run-to-run
-noise (about 10%) and is no longer measured. After `full_rounds` such rounds the best is known well
-enough, and the rounds that follow time only what is still compared: the policies' sizes and the
-best so far, on the prompts where the policies differ. Rounds then cost a fraction of a full
-one, so the savings get many more of them in the same minutes.
+far is more than `drop_above` over the prompt's best median cannot be the best within the
+run-to-run noise (about 10%) and is no longer measured; after the warm-up, whose times are not
+kept, so is one that took over twice the prompt's fastest (one shot on a long prompt under a
+window, 64-token chunks of 9,000 tokens: the costliest sizes, at once). After `full_rounds` such
+rounds the best is known well enough, and the rounds that follow time only what is still compared:
+the policies' sizes and the best so far, on the prompts where the policies differ. Rounds then
+cost a fraction of a full one, so the savings get many more of them in the same minutes.
 
-A saving of A over B is a share of B's total TTFT: on each prompt, one minus the median over rounds
-of A's time over B's in the same round (timed moments apart, so what the host does to both largely
-cancels), weighted by B's median TTFT on the prompt. Its 95% interval is a bootstrap over
+A saving of A over B is a share of B's total TTFT: on each prompt, one minus the median over
+rounds of A's time over B's in the same round (timed moments apart, so what the host does to both
+largely cancels), weighted by B's median TTFT on the prompt. Its 95% interval is a bootstrap over
 each prompt's rounds. After `min_rounds`, rounds are added until every interval is narrower than
-`precision`, the `deadline` leaves no room for another round, or `max_rounds` pass: never on what a
-result says, so the interval keeps its 95%.
+`precision`, the `deadline` leaves no room for another round, or `max_rounds` pass: never on what
+a result says, so the interval keeps its 95%.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .measure import interleaved, resampled_rounds
 from .policy import ChunkPolicy, FixedPolicy
 
 RESAMPLES = 2000
+WARM_DROP = 2.0  # after the warm-up, a size no policy chose that took over this times the fastest is out
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,11 @@ def evaluate(
         return engine.run(texts[p.case.tokens], p.case.tokens, p.case.attention, FixedPolicy(c)).ttft_ms
 
     steps = [{c: functools.partial(run, p, c) for c in p.times} for p in prompts]  # per prompt: its sizes
-    for sizes in steps:
-        interleaved(sizes, 0)  # warm-up
+    for p, sizes in zip(prompts, steps, strict=True):
+        warm = {c: t for c, (t,) in interleaved(sizes, 1, warmup=0).items()}  # the warm-up: raced, not kept
+        for c in [c for c, t in warm.items() if t > WARM_DROP * min(warm.values()) and c not in p.choices.values()]:
+            del sizes[c], p.times[c]
+    log(f"warm-up: {sum(map(len, steps))} sizes still measured")
     savings: list[Saving] = []
     rounds, took = 0, 0.0  # rounds done; seconds the latest took
     while rounds < max_rounds:
@@ -197,11 +203,11 @@ def evaluate(
         took = time.monotonic() - began
         still = f" ({sum(map(len, steps))} sizes still measured)"
         if rounds < min_rounds:
-            log(f"round {rounds}/{min_rounds}+ measured{still}")
+            log(f"round {rounds}/{min_rounds}+ measured in {took:.0f} s{still}")
             continue
         savings = bootstrap_savings(prompts, pairs)
         log(
-            f"round {rounds}: "
+            f"round {rounds} ({took:.0f} s): "
             + "; ".join(f"{s.policy} vs {s.reference} {s.saving:+.1%} [{s.low:+.1%}, {s.high:+.1%}]" for s in savings)
             + still
         )
@@ -239,7 +245,8 @@ def format_evaluation(ev: Evaluation) -> str:
     sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
     lines.append(
         f"cells: chunk size, median TTFT over the prompt's rounds, regret against the measured best (the "
-        f"fastest size of the same measurements; sizes over {1 + ev.drop_above:g}x the best left the race early; "
+        f"fastest size of the same measurements; sizes over {WARM_DROP:g}x the fastest in the warm-up or "
+        f"{1 + ev.drop_above:g}x the best since left the race early; "
         f"after {ev.full_rounds} rounds of every size left, only the policies' sizes and the best were timed, on the "
         "prompts where they differ)" + (f"; auto decided from: {', '.join(sources)}" if sources else "")
     )

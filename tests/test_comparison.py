@@ -5,9 +5,11 @@ the two sizes, with bootstrap intervals, and rounds that stop on time or precisi
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from chunkpilot.contract import RequestFeatures
 from engine.comparison import (
     PromptCase,
     PromptResult,
@@ -39,7 +41,7 @@ def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_sti
         log=lines.append,
     )
     assert (result.rounds, result.full_rounds) == (2, 1)
-    assert lines[-1] == "no time for round 3: stopped after 2" and len(lines) == 3
+    assert lines[-1] == "no time for round 3: stopped after 2" and len(lines) == 4  # the warm-up's, 2 rounds
     short, ring, tiny = result.prompts
     # 96 tokens: the rule (512, cut to the prompt) and one shot both run the whole prompt at once
     assert short.choices["rule"] == short.choices["one shot"] == 96
@@ -59,6 +61,40 @@ def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_sti
     assert saving.low <= saving.saving <= saving.high
     table = format_evaluation(result)
     assert "fixed 32 vs rule:" in table and "95% CI" in table and "n/a" in table
+
+
+class ScriptedEngine:
+    """A fake engine (unit test): each chunk size's TTFT from a table, the same every run."""
+
+    def __init__(self, ms: dict[int, float]):
+        self.ms = ms
+        self.runs: list[int] = []
+
+    def features(self, context_length: int, attention) -> RequestFeatures:
+        return RequestFeatures(context_length=context_length, model="llama-tiny", attention=attention)
+
+    def prompt_text(self, prompt) -> str:
+        return ""
+
+    def run(self, text: str, n: int, attention, policy: FixedPolicy) -> SimpleNamespace:
+        self.runs.append(policy.size)
+        return SimpleNamespace(ttft_ms=self.ms[policy.size])
+
+
+def test_warm_up_full_rounds_then_only_the_compared_sizes_until_the_interval_is_narrow():
+    ms = {64: 90.0, 128: 40.0, 256: 10.0, 384: 11.0, 512: 12.0, 768: 14.0, 1024: 20.0, 1536: 25.0, 2048: 30.0}
+    engine = ScriptedEngine(ms)
+    policies = {"a": FixedPolicy(256), "b": FixedPolicy(1024)}
+    result = evaluate(engine, policies, [PromptCase(2048)], [("a", "b")], full_rounds=2, min_rounds=5, max_rounds=20)
+    (p,) = result.prompts
+    # the warm-up runs every size once; over 2x the fastest (10 ms) is out unless a policy chose it (1024)
+    assert engine.runs[: len(ms)] == sorted(ms) and set(p.times) == {256, 384, 512, 768, 1024}
+    # the full rounds race what is left: 768 is over 1.25x the best, 384 and 512 stay for both rounds
+    assert {c: len(t) for c, t in p.times.items()} == {256: 5, 384: 2, 512: 2, 768: 1, 1024: 5}
+    # then only the policies' sizes (256 is also the best), until the interval is narrow: at `min_rounds`
+    assert (result.rounds, result.full_rounds) == (5, 2)
+    (saving,) = result.savings
+    assert (saving.saving, saving.low, saving.high) == (0.5, 0.5, 0.5)
 
 
 def test_saving_reads_each_round_s_ratio_so_drift_between_rounds_cancels():
