@@ -187,8 +187,8 @@ def compare_with_service(
             policies,
             cases or PROMPTS,
             [("auto", "hand rule"), ("auto", "fixed 1024")],
-            full_rounds=min(FULL_ROUNDS, max_rounds),
-            min_rounds=min(5, max_rounds),  # a bootstrap over 5 rounds has 126 distinct resamples
+            full_rounds=FULL_ROUNDS,
+            min_rounds=5,  # a bootstrap over 5 rounds has 126 distinct resamples
             max_rounds=max_rounds,
             deadline=deadline,
         )

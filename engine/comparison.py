@@ -165,6 +165,8 @@ def evaluate(
     `deadline` (time.monotonic()) bars a round past `min_rounds` that would likely end after it."""
     from .engine import Prompt
 
+    min_rounds = min(min_rounds, max_rounds)  # fewer allowed rounds still end with their savings
+
     prompts = []
     for case in cases:
         picked = {name: _choose(policy, engine, case) for name, policy in policies.items()}
