@@ -142,7 +142,7 @@ def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = Non
     correction learnt from): the champion, corrected by the outcomes in `telemetry` as the service
     loads it."""
     predictor = load_predictor(uri, MODEL_NAME, CHAMPION)
-    learnt = predictor.learn(past_outcomes(telemetry)) if telemetry is not None else 0
+    learnt = predictor.learn(past_outcomes(telemetry).outcomes) if telemetry is not None else 0
     choices = {}
     for i, (model, n, window, layout) in enumerate(PROBES):
         shape = PRESETS.get(model) or ModelShape.from_file(Path(model))

@@ -29,6 +29,8 @@ MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
 MAX_CANDIDATES = 64
 MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
 MAX_MS = 3.6e6  # an hour: the longest time any part accepts
+# a machine's id names a folder of the dataset: one path component, never `..`, `/` or an absolute path
+IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 _UNION_MEMBER = re.compile(r"^(str|int|float|bool)$|[A-Z\[\]'-]")  # pydantic's names for a union's members
@@ -205,7 +207,9 @@ class AttentionConfig(Contract):
 class Hardware(Contract):
     """A machine already profiled (hardware_id), or its descriptors (both, as the engine sends)."""
 
-    hardware_id: str | None = Field(default=None, min_length=1, max_length=64)
+    hardware_id: str | None = Field(
+        default=None, pattern=IDENTIFIER, description="letters, digits, '.', '_', '-' (1-64, a letter or digit first)"
+    )
     matmul_gflops: float | None = Field(default=None, ge=0.01, le=1e7)
     bandwidth_gbs: float | None = Field(default=None, ge=0.01, le=1e5)
     call_overhead_ms: float | None = Field(default=None, ge=1e-4, le=1e4)

@@ -21,11 +21,21 @@ the members' spread is the global model's own uncertainty), with sigma^2 the poo
 bucket's prefills around their mean (NOISE as a prior worth NOISE_DOF prefills until this machine
 has measured its own). The chooser adds it to the members' disagreement before it overturns the
 hand rule. numpy only: the service applies it on every answer.
+
+Bounded, whoever reports: a chunk's residual is clipped to +-CLIP before it counts (a winsorised
+mean, so one absurd outcome weighs no more than a merely bad one), and since every level is a
+shrunk mean of clipped values, K prefills of one kind move any chunk's log-ms by at most
+CLIP * K / (K + PRIOR): a prediction's TTFT by less than a factor exp(CLIP) = 1.5 however many
+outcomes one source sends (tests/test_attacks.py). A machine whose level is off by more than that
+still ranks its sizes right: the level moves every size alike. Safe under threads without making
+decisions wait: what it learnt is an immutable snapshot that each learn replaces whole (the service
+learns in its thread pool while other threads decide).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +44,7 @@ from .contract import SHAPE_COLUMNS
 from .features import FEATURES, RUNTIME
 
 PRIOR = 2.0
+CLIP = math.log(1.5)  # the largest log residual one chunk may teach
 NOISE, NOISE_DOF = 0.1, 2.0  # a single prefill's log-ms spread before this machine shows its own (+-10%)
 KIND = ["has_window", "layout", *SHAPE_COLUMNS, *RUNTIME]
 _KIND = [FEATURES.index(name) for name in KIND]
@@ -52,44 +63,65 @@ def size_bucket(q: np.ndarray) -> np.ndarray:
     return np.round(4 * np.log2(np.maximum(q, 1))).astype(int)
 
 
+@dataclass(frozen=True)
+class Learnt:
+    """What the correction has learnt, never changed once published: a decision reads one snapshot
+    whole while a learn builds the next."""
+
+    prefills: int = 0
+    level: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # kind -> (sum, count)
+    sized: dict[tuple, tuple[float, float]] = field(default_factory=dict)  # (kind, window, size) -> (sum, count)
+    squares: dict[tuple, float] = field(default_factory=dict)  # per sized bucket
+
+
 @dataclass
 class Correction:
     prior: float = PRIOR
-    prefills: int = 0
-    level: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))  # sum, count
-    sized: dict[tuple, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
-    squares: dict[tuple, float] = field(default_factory=lambda: defaultdict(float))  # per sized bucket
+    learnt: Learnt = field(default_factory=Learnt)
+    _writer: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one learn at a time
+
+    @property
+    def prefills(self) -> int:
+        return self.learnt.prefills
 
     def learn(self, config: np.ndarray, q: np.ndarray, residual: np.ndarray) -> None:
-        """One prefill: its chunks' config rows [chunks, FEATURES], query tokens and log residuals."""
+        """One prefill: its chunks' config rows [chunks, FEATURES], query tokens and log residuals
+        (each clipped to +-CLIP). Builds the next snapshot from copies, then publishes it."""
+        residual = np.clip(residual, -CLIP, CLIP)
         kind = kinds(config[:1])[0]
-        self.prefills += 1
-        entry = self.level[kind]
-        entry[0], entry[1] = entry[0] + float(residual.mean()), entry[1] + 1
         window = int(size_bucket(config[:1, _W])[0])
         buckets = size_bucket(q)
-        for b in np.unique(buckets).tolist():
-            entry, r = self.sized[(kind, window, b)], float(residual[buckets == b].mean())
-            entry[0], entry[1] = entry[0] + r, entry[1] + 1
-            self.squares[(kind, window, b)] += r * r
+        with self._writer:
+            old = self.learnt
+            level, sized, squares = dict(old.level), dict(old.sized), dict(old.squares)
+            total, count = level.get(kind, (0.0, 0.0))
+            level[kind] = (total + float(residual.mean()), count + 1)
+            for b in np.unique(buckets).tolist():
+                key, r = (kind, window, b), float(residual[buckets == b].mean())
+                total, count = sized.get(key, (0.0, 0.0))
+                sized[key] = (total + r, count + 1)
+                squares[key] = squares.get(key, 0.0) + r * r
+            self.learnt = Learnt(old.prefills + 1, level, sized, squares)
 
     def offsets(self, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
         """[chunks] the log-ms correction of each chunk (0 where this machine has no prefill of its kind)."""
+        learnt = self.learnt
         out = np.zeros(len(q))
-        if not self.prefills:
+        if not learnt.prefills:
             return out
         buckets, windows = size_bucket(q).tolist(), size_bucket(config[:, _W]).tolist()
         for i, (kind, w, b) in enumerate(zip(kinds(config), windows, buckets, strict=True)):
-            total, count = self.level.get(kind, (0.0, 0.0))
+            total, count = learnt.level.get(kind, (0.0, 0.0))
             mean = total / (count + self.prior)
-            total, count = self.sized.get((kind, w, b), (0.0, 0.0))
+            total, count = learnt.sized.get((kind, w, b), (0.0, 0.0))
             out[i] = mean + (total - count * mean) / (count + self.prior)
         return out
 
-    def noise(self) -> float:
+    def noise(self, learnt: Learnt | None = None) -> float:
         """sigma^2: a single prefill's variance around its bucket's mean, pooled over the buckets."""
-        ss = sum(self.squares[key] - total * total / count for key, (total, count) in self.sized.items())
-        dof = sum(count - 1 for _, count in self.sized.values())
+        learnt = learnt or self.learnt
+        ss = sum(learnt.squares[key] - total * total / count for key, (total, count) in learnt.sized.items())
+        dof = sum(count - 1 for _, count in learnt.sized.values())
         return (ss + NOISE_DOF * NOISE**2) / (dof + NOISE_DOF)
 
     def difference_variance(self, x: np.ndarray) -> np.ndarray:
@@ -97,13 +129,14 @@ class Correction:
         between two uniform plans of one request, `x` [candidates, FEATURES]: the sum of their size
         buckets' where the buckets differ (a plan's chunks share its size's bucket, but the last);
         0 for a kind of request the correction has not learnt."""
+        learnt = self.learnt
         out = np.zeros((len(x), len(x)))
         kind = kinds(x[:1])[0]
-        if not self.prefills or kind not in self.level:
+        if not learnt.prefills or kind not in learnt.level:
             return out
         window, buckets = int(size_bucket(x[:1, _W])[0]), size_bucket(x[:, _C]).tolist()
-        counts = np.array([self.sized.get((kind, window, b), (0.0, 0.0))[1] for b in buckets])
-        var = self.noise() * counts / (counts + self.prior) ** 2  # [candidates]
+        counts = np.array([learnt.sized.get((kind, window, b), (0.0, 0.0))[1] for b in buckets])
+        var = self.noise(learnt) * counts / (counts + self.prior) ** 2  # [candidates]
         out = var[:, None] + var[None, :]
         out[np.equal.outer(buckets, buckets)] = 0.0
         return out

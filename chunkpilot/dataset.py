@@ -28,15 +28,18 @@ from chunkpilot.contract import (
     LAYOUTS,
     PRESETS,
     AttentionConfig,
+    ChunkRequest,
     ConfigError,
     Hardware,
     ModelShape,
     Outcome,
     RequestFeatures,
 )
+from chunkpilot.paths import inside
 
 HARNESS_VERSION = "4"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`; older files read
 TMP_PREFIX = ".tmp-"
+STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
 TELEMETRY = Path("data/ttft/telemetry")  # the default partition of the engine's own prefills
 TELEMETRY_PREFIX = "telemetry-"  # their config keys
 
@@ -265,26 +268,85 @@ def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def outcome_of(row: dict) -> Outcome:
+    """A telemetry row as the outcome it was written from (the inverse of `outcome_rows`), checked by
+    the contract again: a file written around the service passes the same checks as a request."""
+
+    def given(column: str):  # a missing telemetry column reads back as None, NaN or NA
+        value = row.get(column)
+        return None if value is None or pd.isna(value) else value
+
+    return Outcome(
+        request=ChunkRequest.from_row(row),
+        chunk_size=row["chunk_size"],
+        source=given("decision_source") or "service",
+        model_version=given("model_version"),
+        explored=bool(given("explored")),
+        tokenize_ms=row["tokenize_ms"],
+        prefill_ms=row["prefill_ms"],
+        first_decode_ms=row["first_decode_ms"],
+        ttft_ms=row["ttft_ms"],
+        chunk_ms=list(row["chunk_ms"]) if row["chunk_ms"] is not None else [],
+        finished_at=row["finished_at"],
+    )
+
+
+def trusted_telemetry(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """(the rows less the telemetry ones the contract or the plausibility check refuses, why each
+    refused one was): what the service would have refused never reaches training or the correction."""
+    from chunkpilot import plausibility
+
+    keep, refused = [], []
+    for row in rows.to_dict("records"):
+        ok = row["spec_name"] != "telemetry"
+        if not ok:
+            try:
+                plausibility.check(outcome_of(row))
+                ok = True
+            except ConfigError as exc:
+                refused.append(f"{row['config_key']} chunk {row['chunk_size']}: {exc}")
+        keep.append(ok)
+    return rows[keep], refused
+
+
 @dataclass
 class Partition:
-    """The telemetry partition: each accepted batch one atomic file per machine, the oldest files
-    removed while the partition holds more than `max_bytes`."""
+    """The telemetry partition: each accepted batch one atomic file per machine, in a folder named
+    by the machine's id and checked to stay inside `directory` (chunkpilot.paths), the oldest files
+    removed while the partition holds more than `max_bytes`, and temporary files that a killed
+    writer left behind swept once they are older than STALE_TMP_S."""
 
     directory: Path
     max_bytes: int = 256 * 2**20
 
     def append(self, outcomes: list[Outcome]) -> list[Path]:
         rows = outcome_rows(outcomes)
+        folders = {hardware_id: inside(self.directory, hardware_id) for hardware_id in rows.hardware_id.unique()}
         written = [
-            write_config(self.directory / hardware_id, f"batch-{time.time_ns()}-{os.getpid()}", group)
+            write_config(folders[hardware_id], f"batch-{time.time_ns()}-{os.getpid()}", group)
             for hardware_id, group in rows.groupby("hardware_id", sort=False)
         ]
-        found = ((p, p.stat()) for p in self.directory.rglob("batch-*.parquet"))
-        files = sorted((st.st_mtime_ns, st.st_size, p) for p, st in found)  # one stat per file
+        self._sweep()
+        return written
+
+    def _sweep(self) -> None:
+        """Evict the oldest batches beyond the cap and stale temporary files. Another writer (a
+        second replica on this folder) may remove a file first: one that is gone is skipped."""
+        files, now = [], time.time()
+        for path in self.directory.rglob("*.parquet"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            if path.name.startswith(TMP_PREFIX):
+                if now - st.st_mtime > STALE_TMP_S:
+                    path.unlink(missing_ok=True)
+            elif path.name.startswith("batch-"):
+                files.append((st.st_mtime_ns, st.st_size, path))
+        files.sort()
         total = sum(size for _, size, _ in files)
         for _, size, oldest in files:  # oldest first
             if total <= self.max_bytes:
                 break
             total -= size
-            oldest.unlink()
-        return written
+            oldest.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chunkpilot.dataset import DataError, read_file
+from chunkpilot.paths import UnsafePath, inside
 
 PROFILING, TELEMETRY = "profiling", "telemetry"  # the experiments whose runs publish partitions
 PARTITION = "partition."  # tag prefix: partition.<hardware id>/<name> -> SHA-256 of the uploaded file
@@ -97,6 +98,7 @@ class Gathered:
     telemetry: int = 0  # batches of prefills
     downloaded: int = 0  # the others came from the cache
     machines: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # partitions whose tags would write outside `root`
 
 
 def _fetch(client, run_id: str, artifact: str, digest: str, cache: Path | None, tmp: str) -> tuple[Path | None, bool]:
@@ -118,18 +120,24 @@ def _fetch(client, run_id: str, artifact: str, digest: str, cache: Path | None, 
 
 def gather(client, root: Path, cache: Path | None = None) -> Gathered:
     """Copy every listed partition into `root` (the latest run's copy of each), downloaded unless
-    `cache` holds it, each checked against its digest, its run's spec and machine, and the schema."""
+    `cache` holds it, each checked against its digest, its run's spec and machine, and the schema.
+    A partition whose spec, machine or name is not an identifier is refused and named, never written."""
     latest: dict[tuple[str, str], tuple[object, str]] = {}
     for run in _runs(client):  # oldest first: a later run's copy replaces an earlier one's
         for partition, digest in listed(run).items():
             latest[partition] = (run, digest)
     if not latest:
         raise DataError("data", f"no run on {client.tracking_uri} has published a dataset partition")
-    gathered = Gathered(Path(root))
+    gathered, copied = Gathered(Path(root)), []
     with tempfile.TemporaryDirectory() as tmp:
         for (hardware_id, name), (run, digest) in latest.items():
             run_id, spec = run.info.run_id, run.data.tags.get(SPEC, PROFILING)
             where = f"run {run_id}, partition {hardware_id}/{name}"
+            try:  # tags any writer of the tracking store can set: the copy stays under `root`
+                target = inside(gathered.root, spec, hardware_id, name, suffix=".parquet")
+            except UnsafePath as exc:
+                gathered.refused.append(f"{where}: {exc.message}")
+                continue
             artifact = f"partitions/{hardware_id}/{name}.parquet"
             path, downloaded = _fetch(client, run_id, artifact, digest, cache, tmp)
             if path is None:
@@ -138,12 +146,12 @@ def gather(client, root: Path, cache: Path | None = None) -> Gathered:
             rows = read_file(path)  # the schema, row by row
             if set(rows.hardware_id) != {hardware_id} or set(rows.spec_name) != {spec}:
                 raise DataError("data", f"{where}: rows of another machine or spec than its run lists")
-            folder = gathered.root / spec / hardware_id
-            folder.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, folder / f"{name}.parquet")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
             gathered.downloaded += downloaded
-    gathered.runs = list(dict.fromkeys(run.info.run_id for run, _ in latest.values()))
-    gathered.telemetry = sum(run.data.tags.get(SPEC) == TELEMETRY for run, _ in latest.values())
-    gathered.profiled = len(latest) - gathered.telemetry
-    gathered.machines = sorted({hardware_id for hardware_id, _ in latest})
+            copied.append((hardware_id, run))
+    gathered.runs = list(dict.fromkeys(run.info.run_id for _, run in copied))
+    gathered.telemetry = sum(run.data.tags.get(SPEC) == TELEMETRY for _, run in copied)
+    gathered.profiled = len(copied) - gathered.telemetry
+    gathered.machines = sorted({hardware_id for hardware_id, _ in copied})
     return gathered

@@ -5,11 +5,57 @@ seen (`settle`), and registering the verdict. Storage itself is chunkpilot/regis
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
+from .cache import user_cache_dir
 from .registry import CHALLENGER, CHAMPION, MODEL_NAME, RECIPE, WAITS, record_retrain
+
+
+class AliasMoved(RuntimeError):
+    """The champion alias moved between judging and registering: another promoter got there first."""
+
+
+def lock_path(tracking_uri: str) -> Path:
+    """Where the store's promotion lock lives: beside a SQLite store's file, else in this user's cache."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri.removeprefix("sqlite:///") + ".promotion.lock")
+    return user_cache_dir() / f"promotion-{hashlib.sha1(tracking_uri.encode()).hexdigest()[:12]}.lock"
+
+
+@contextmanager
+def one_promoter(tracking_uri: str) -> Iterator[None]:
+    """Hold the store's promotion lock: settle, gate and register run as one, so a second `retrain`
+    on the same store waits and then judges against what the first registered (MLflow's aliases have
+    no compare-and-set of their own). An advisory file lock: it serialises every promoter on this
+    machine; promoters on several machines sharing one server still meet `register`'s check."""
+    path = lock_path(tracking_uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another promotion on {tracking_uri} to finish", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def current_champion(client) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client.get_model_version_by_alias(MODEL_NAME, CHAMPION).version)
+    except MlflowException:
+        return None
 
 
 @dataclass(frozen=True)
@@ -139,15 +185,25 @@ def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]
     verdict = f"mean regret {theirs:.4f} vs {held}'s {ours:.4f} on {buckets} configs of prefills neither had seen"
     if theirs >= ours:
         return f"{name} not promoted: {verdict}"
+    if current_champion(client) != str(champion.version):
+        raise AliasMoved(f"champion moved from v{champion.version} while {name} was judged: not promoted")
     client.set_registered_model_alias(MODEL_NAME, CHAMPION, challenger.version)
-    client.delete_registered_model_alias(MODEL_NAME, CHALLENGER)
+    still = client.get_model_version_by_alias(MODEL_NAME, CHALLENGER)
+    if str(still.version) == str(challenger.version):  # a newer challenger registered meanwhile stays
+        client.delete_registered_model_alias(MODEL_NAME, CHALLENGER)
     client.set_model_version_tag(MODEL_NAME, challenger.version, "promotion", f"promoted from challenger: {verdict}")
     return f"{name} promoted: {verdict}"
 
 
 def register(client, version: str, verdict: Verdict, new_regret: float, settled: str | None = None) -> None:
     """Move the verdict's alias to the freshly logged `version` and record why (after what `settle`
-    did to the challenger before it, if anything)."""
+    did to the challenger before it, if anything). Refused (AliasMoved) when the champion is no longer
+    the one the verdict was judged against: the version stays registered, with no alias."""
+    current, judged = current_champion(client), verdict.champion_version
+    if current != (None if judged is None else str(judged)):
+        reason = f"champion is v{current}, not v{judged} that v{version} was judged against: no alias moved"
+        client.set_model_version_tag(MODEL_NAME, version, "promotion", reason)
+        raise AliasMoved(reason)
     client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
     client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
     client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)

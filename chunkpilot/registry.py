@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +61,18 @@ class Stored:
     waits: bool  # a challenger that learnt from telemetry, waiting for `settle`
 
 
-def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, version: str | None = None) -> Stored:
-    """`name@alias` (or `version`) downloaded from the store; ValueError when it is not a recipe."""
+@contextmanager
+def fetch(
+    tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, version: str | None = None
+) -> Iterator[Stored]:
+    """`name@alias` (or `version`) downloaded from the store into a temporary folder that is removed
+    when the block ends (MLflow's own default folder is never removed: a service polling for days
+    would fill its disk); ValueError when it is not a recipe."""
+    with tempfile.TemporaryDirectory(prefix="chunkpilot-model-") as dst:
+        yield _download(tracking_uri, Path(dst), name, alias, version)
+
+
+def _download(tracking_uri: str, dst: Path, name: str, alias: str, version: str | None) -> Stored:
     import mlflow
     from mlflow import MlflowClient
 
@@ -67,7 +80,7 @@ def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, vers
         client = MlflowClient(tracking_uri=tracking_uri)
         version = client.get_model_version(name, version) if version else client.get_model_version_by_alias(name, alias)
         mlflow.set_tracking_uri(tracking_uri)
-        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}"))
+        local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version.version}", dst_path=str(dst)))
         found = sorted(local.glob(f"**/{RECIPE}/recipe.json"))
         if not found:
             raise ValueError(
@@ -75,7 +88,7 @@ def fetch(tracking_uri: str, name: str = MODEL_NAME, alias: str = CHAMPION, vers
                 "retrain it (chunkpilot train)"
             )
         hardware = mlflow.artifacts.download_artifacts(
-            run_id=version.run_id, artifact_path=HARDWARE, tracking_uri=tracking_uri
+            run_id=version.run_id, artifact_path=HARDWARE, tracking_uri=tracking_uri, dst_path=str(dst)
         )
         run = client.get_run(version.run_id)
         return Stored(

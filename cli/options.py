@@ -35,6 +35,11 @@ def add_attention_args(parser: argparse.ArgumentParser) -> None:
 
 def add_predictor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictor-url", default="http://127.0.0.1:8000", help="the service `auto` asks")
+    parser.add_argument(
+        "--predictor-token",
+        help="the service's admin token, sent with the telemetry (default: $CHUNKPILOT_ADMIN_TOKEN; "
+        "prefer the variable: a flag shows in the process list)",
+    )
     parser.add_argument("--predictor-timeout-ms", default="50", help="give up on the service after this long")
     parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
     parser.add_argument("--no-telemetry", action="store_true", help="auto: do not report the prefills' outcomes")
@@ -102,7 +107,7 @@ def auto_from_args(args: argparse.Namespace, engine):
         directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY)
         reporter = None if args.no_telemetry else Reporter(to_partition(directory))
         return make_auto(hardware, tracking=tracking_uri(), reporter=reporter, schedule=args.schedule)
-    reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url))
+    reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url, args.predictor_token))
     return make_auto(
         hardware, service=args.predictor_url, timeout_s=timeout_ms / 1e3, reporter=reporter, schedule=args.schedule
     )

@@ -15,11 +15,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from predictor.app import create_app
+    from predictor.server import serve
     from predictor.settings import Settings
 
     port = number("port", args.port, int, ge=1, le=65535)
-    uvicorn.run(create_app(Settings(host=args.host)), host=args.host, port=port, log_level="warning", access_log=False)
+    serve(Settings(host=args.host), port)
     return 0

@@ -199,7 +199,8 @@ class InProcessPolicy(Observing):
         super().observe(request, result)
         if result.schedule is None:
             try:
-                self.predictor.learn([Outcome.model_validate(outcome(ask(request, self.hardware), result))])
+                reported = Outcome.model_validate(outcome(ask(request, self.hardware), result))
+                self.predictor.learn([self.predictor.check(reported)])
             except ValueError:  # an outcome the contract refuses teaches nothing (the service would refuse it too)
                 pass
 

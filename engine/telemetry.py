@@ -5,6 +5,7 @@ dropped and counted; a batch that cannot be delivered is dropped and counted too
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from chunkpilot import plausibility
 from chunkpilot.contract import ChunkRequest, Outcome
 
 if TYPE_CHECKING:
@@ -99,8 +101,14 @@ def outcome(request: ChunkRequest, result: TTFTResult) -> dict:
     }
 
 
+TOKEN_ENV = "CHUNKPILOT_ADMIN_TOKEN"  # the service's own setting: an engine beside it sends the same
+
+
 def to_service(url: str, token: str | None = None, timeout_s: float = 2.0) -> Send:
-    """Batches to the service's POST /v1/feedback, over a client of the reporter's own thread."""
+    """Batches to the service's POST /v1/feedback, over a client of the reporter's own thread, with
+    the bearer token (`token`, else $CHUNKPILOT_ADMIN_TOKEN) when there is one: a service that has a
+    token accepts outcomes only with it."""
+    token = token or os.environ.get(TOKEN_ENV) or None
     client = httpx.Client(base_url=url, timeout=timeout_s)
     headers = {"authorization": f"Bearer {token}"} if token else {}
 
@@ -111,12 +119,14 @@ def to_service(url: str, token: str | None = None, timeout_s: float = 2.0) -> Se
 
 
 def to_partition(directory: Path) -> Send:
-    """Batches checked against the contract and appended to a local telemetry partition (--in-process)."""
+    """Batches checked against the contract and for plausibility (as the service checks them) and
+    appended to a local telemetry partition (--in-process); a refused batch is dropped and counted."""
     from chunkpilot.dataset import Partition
 
     partition = Partition(directory)
 
     def send(batch: list[dict]) -> None:
-        partition.append([Outcome.model_validate(raw) for raw in batch])
+        outcomes = [plausibility.check(Outcome.model_validate(raw)) for raw in batch]
+        partition.append(outcomes)
 
     return send

@@ -1,6 +1,6 @@
 """The FastAPI app: the champion loaded once in the lifespan, the routes (predictor/routes.py) with
-decisions on the event loop (they take microseconds), Prometheus metrics, and refusals counted by
-reason."""
+decisions in the thread pool (they take milliseconds), Prometheus metrics, refusals counted by
+reason, and two gates in front: a body limit and the Host names it answers to."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from prometheus_fastapi_instrumentator import Instrumentator, metrics
 from . import routes
 from .model import Infeasible
 from .service import ServiceMetrics, ServiceState
-from .settings import Settings
+from .settings import LOOPBACK, Settings
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -58,6 +58,35 @@ class _TooLarge(Exception):
     pass
 
 
+def host_name(header: bytes) -> str:
+    """The Host header less its port: `[::1]:8000` -> `::1`, `example.org:80` -> `example.org`."""
+    value = header.decode("latin-1").strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class TrustedHost:
+    """Refuse (400) a request whose Host is not a name this service answers to: loopback, the bind
+    address, or `allowed`. A page in a browser that rebinds its own domain to 127.0.0.1 then
+    reaches no route, and a service bound beyond loopback answers only the names it was given."""
+
+    def __init__(self, app, allowed: frozenset[str], refused) -> None:
+        self.app, self.allowed, self.refused = app, allowed, refused
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            name = host_name(dict(scope["headers"]).get(b"host", b""))
+            if name not in self.allowed:
+                self.refused()
+                allowed = ", ".join(sorted(self.allowed))
+                detail = (
+                    f"Host {name!r} is not this service's (allowed: {allowed}; add names in CHUNKPILOT_ALLOWED_HOSTS)"
+                )
+                return await JSONResponse({"detail": detail}, status_code=400)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     registry = CollectorRegistry()
@@ -82,6 +111,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="ChunkPilot predictor", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    hosts = LOOPBACK | {settings.host.lower(), *(name.lower() for name in settings.allowed_hosts)}
+    app.add_middleware(TrustedHost, allowed=hosts, refused=state.metrics.rejections.labels("host").inc)
     # request counts and latency only, in buckets for a millisecond service: each metric is work on
     # every request (the instrumentator's default set adds body sizes and a second histogram)
     instrumentator = Instrumentator(registry=registry, excluded_handlers=["/metrics"])

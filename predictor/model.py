@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkpilot import registry
+from chunkpilot import plausibility, registry
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
-from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, Hardware, Outcome
+from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import build
@@ -134,6 +134,13 @@ class Predictor:
             deferred=choice.deferred,
         ).with_gains(gains)
 
+    def check(self, outcome: Outcome) -> Outcome:
+        """`outcome` if its chunk times are possible on its machine as this model knows it (a profiled
+        machine's own measurement over what the client claims), else ConfigError naming chunk_ms."""
+        request = outcome.request
+        machine = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
+        return plausibility.check(outcome, machine)
+
     def learn(self, outcomes: list[Outcome]) -> int:
         """This machine's correction updated with each outcome's chunk times; returns how many taught it."""
         correction = self.recipe.correction
@@ -177,12 +184,12 @@ def smoke_request(hardware: dict) -> ChunkRequest:
 
 def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
     """The registered recipe behind `name@alias` plus its hardware table, checked on a smoke request
-    before it may serve."""
-    stored = registry.fetch(tracking_uri, name, alias)
-    try:
-        recipe = load_recipe(stored.recipe_dir)
-    except ValueError as exc:
-        raise ValueError(f"{name} v{stored.version}: {exc}") from None
+    before it may serve (its downloaded files are gone once it is loaded)."""
+    with registry.fetch(tracking_uri, name, alias) as stored:
+        try:
+            recipe = load_recipe(stored.recipe_dir)
+        except ValueError as exc:
+            raise ValueError(f"{name} v{stored.version}: {exc}") from None
     info = {
         "name": name,
         "alias": alias,
@@ -199,24 +206,32 @@ def load_predictor(tracking_uri: str, name: str, alias: str) -> Predictor:
     return predictor
 
 
-def past_outcomes(telemetry: Path) -> list[Outcome]:
-    """The outcomes kept in the telemetry partition, as the service accepted them."""
-    from chunkpilot.dataset import read_dataset  # pandas: at load only, never per request
+@dataclass
+class Past:
+    """What the telemetry partition holds, as the service accepted it, and what it could not read."""
 
-    if not any(telemetry.rglob("*.parquet")):
-        return []
-    rows = read_dataset(telemetry)
-    return [
-        Outcome(
-            request=ChunkRequest.from_row(row),
-            chunk_size=row["chunk_size"],
-            source="service",
-            tokenize_ms=row["tokenize_ms"],
-            prefill_ms=row["prefill_ms"],
-            first_decode_ms=row["first_decode_ms"],
-            ttft_ms=row["ttft_ms"],
-            chunk_ms=list(row["chunk_ms"]),
-            finished_at=row["finished_at"],
-        )
-        for row in rows[rows.chunk_ms.notna()].to_dict("records")
-    ]
+    outcomes: list[Outcome] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "<file>: why", one per unreadable file or refused row
+
+
+def past_outcomes(telemetry: Path) -> Past:
+    """The outcomes kept in the telemetry partition. A file that does not read as the schema, or a row
+    the contract or the plausibility check refuses, is skipped and named: one bad file (a disk
+    error, a stray write) never stops a start-up."""
+    from chunkpilot.dataset import TMP_PREFIX, DataError, outcome_of, read_file  # pandas: at load only
+
+    past = Past()
+    for path in sorted(Path(telemetry).rglob("*.parquet")):
+        if path.name.startswith(TMP_PREFIX):
+            continue
+        try:
+            rows = read_file(path)
+        except DataError as exc:
+            past.skipped.append(f"{path.name}: {exc.message}")
+            continue
+        for row in rows.to_dict("records"):
+            try:
+                past.outcomes.append(plausibility.check(outcome_of(row)))
+            except ConfigError as exc:
+                past.skipped.append(f"{path.name}: {exc}")
+    return past

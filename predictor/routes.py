@@ -4,18 +4,17 @@ mounted only when a token is set). Dependencies are `Annotated` aliases, as in t
 from __future__ import annotations
 
 import secrets
-from collections import Counter
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
-from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Outcome
+from chunkpilot.contract import ChunkRequest, ChunkResponse
 
 from .schemas import BatchRequest, BatchResponse, Feedback, FeedbackResult
 from .service import ServiceState
+from .settings import LOOPBACK
 
 
 async def service_state(request: Request) -> ServiceState:
@@ -33,7 +32,6 @@ async def ready_state(state: Annotated[ServiceState, Depends(service_state)]) ->
 
 State = Annotated[ServiceState, Depends(service_state)]
 Ready = Annotated[ServiceState, Depends(ready_state)]
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 async def trusted(state: State, authorization: Annotated[str | None, Header()] = None) -> None:
@@ -55,12 +53,13 @@ admin = APIRouter()
 
 @router.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
 async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
-    return service.decide(body)
+    # in the thread pool: a decision costs milliseconds, and the loop must keep answering /livez
+    return await run_in_threadpool(service.decide, body)
 
 
 @router.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})
 async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
-    return BatchResponse(responses=[service.decide(r) for r in body.requests])
+    return BatchResponse(responses=await run_in_threadpool(lambda: [service.decide(r) for r in body.requests]))
 
 
 @router.get("/v1/model", responses={503: {}})
@@ -75,6 +74,8 @@ async def livez() -> dict:
 
 @router.get("/readyz", responses={503: {}})
 async def readyz(state: State) -> JSONResponse:
+    if state.draining:
+        return JSONResponse({"ready": False, "reason": "shutting down: finishing in-flight requests"}, 503)
     if state.predictor is None:
         return JSONResponse({"ready": False, "reason": state.not_ready}, status_code=503)
     challenger = state.challenger.version if state.challenger else None  # whose picks exploring measures
@@ -85,27 +86,16 @@ async def readyz(state: State) -> JSONResponse:
             "challenger": challenger,
             "last_reload_error": state.last_error,
             "last_retrain": state.last_retrain,
+            "skipped_telemetry": state.skipped_telemetry[:20],  # the first few, each "<file>: why"
         }
     )
 
 
 @router.post("/v1/feedback", responses={401: {}, 403: {}})
 async def feedback(body: Feedback, state: State, _: Trusted) -> FeedbackResult:
-    """The engine's outcomes: each checked against the contract on its own (a bad one is refused
-    and counted by the field it broke), the accepted appended to the telemetry partition."""
-    accepted, rejected = [], Counter()
-    for raw in body.outcomes:
-        try:
-            accepted.append(Outcome.model_validate(raw))
-        except ValidationError as exc:
-            rejected[ConfigError.of(exc).field.rsplit(".", 1)[-1]] += 1
-    for reason, count in rejected.items():
-        state.metrics.outcome_rejections.labels(reason).inc(count)
-    state.metrics.outcomes.labels("rejected").inc(rejected.total())
-    if accepted:
-        await run_in_threadpool(state.record, accepted)
-        state.metrics.outcomes.labels("accepted").inc(len(accepted))
-    return FeedbackResult(accepted=len(accepted), rejected=dict(rejected))
+    """The engine's outcomes: each checked on its own (ServiceState.feedback), the accepted appended
+    to the telemetry partition; off the event loop, as a batch is up to 1,000 outcomes."""
+    return await run_in_threadpool(state.feedback, body.outcomes)
 
 
 @admin.post("/admin/reload", responses={401: {}})

@@ -7,20 +7,24 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+from collections import Counter as Tally
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import ValidationError
 
-from chunkpilot import registry
-from chunkpilot.chunks import quarter_octave
-from chunkpilot.contract import ChunkRequest, ChunkResponse
+from chunkpilot import plausibility, registry
+from chunkpilot.chunks import DEFAULT_CHUNKS, quarter_octave
+from chunkpilot.contract import AttentionConfig, ChunkRequest, ChunkResponse, ConfigError, Hardware, ModelShape, Outcome
 from chunkpilot.dataset import Partition
 from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
 from chunkpilot.registry import CHALLENGER
 
 from .explore import Explorer
 from .model import AnswerCache, Predictor, load_predictor, past_outcomes
+from .schemas import FeedbackResult
 from .settings import Settings
 
 
@@ -60,6 +64,11 @@ class ServiceMetrics:
             ["result"],
             registry=registry,
         )
+        self.skipped_telemetry = Counter(
+            "chunkpilot_telemetry_skipped",
+            "Telemetry files or rows a load could not learn from (unreadable, or refused by the checks)",
+            registry=registry,
+        )
         self.model_version = Gauge(
             "chunkpilot_model_version", "Registered model version being served", registry=registry
         )
@@ -77,6 +86,8 @@ class ServiceState:
     not_ready: str = "no model loaded yet"
     last_error: str | None = None  # the last failed load, shown by /readyz even while an old model serves
     last_retrain: str | None = None  # what the latest (re)training did or why it failed (registry tag)
+    skipped_telemetry: list[str] = field(default_factory=list)  # telemetry the last load could not learn from
+    draining: bool = False  # shutting down: /readyz says so while in-flight requests finish
     unpublished: queue.Queue[Path] = field(default_factory=queue.Queue)  # telemetry files for the server
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -87,13 +98,23 @@ class ServiceState:
         self.metrics.explore_share.set_function(lambda: self.explorer.spent_share)
 
     def load(self, force: bool = False) -> str:
-        """Load name@alias; swap it in if it differs from what serves (or `force`). Returns what happened."""
+        """Load name@alias; swap it in if it differs from what serves (or `force`). Returns what
+        happened. The alias's version is compared before anything is downloaded; any failure, of the
+        store or of the telemetry, leaves the old model serving and is recorded (/readyz)."""
         s = self.settings
         with self._lock:  # one load at a time; requests keep reading the current predictor meanwhile
             try:
                 self.last_retrain = registry.last_retrain(s.tracking_uri, s.model_name)
+                serving = self.predictor
+                if serving is not None and not force:
+                    if registry.alias_version(s.tracking_uri, s.model_name, s.model_alias) == serving.version:
+                        self.challenger = self._waiting_challenger(serving)
+                        return f"version {serving.version} already serving"
                 loaded = load_predictor(s.tracking_uri, s.model_name, s.model_alias)
-            except Exception as exc:  # any failure leaves the old model serving
+                self.challenger = self._waiting_challenger(loaded)
+                past = past_outcomes(s.telemetry_dir)
+                loaded.learn(past.outcomes)  # this machine's correction, against the new model
+            except Exception as exc:  # the old model keeps serving
                 first_line = str(exc).splitlines()[0] if str(exc) else ""
                 reason = f"loading {s.model_name}@{s.model_alias} failed: {type(exc).__name__}: {first_line}"
                 self.last_error = reason
@@ -101,10 +122,8 @@ class ServiceState:
                     self.not_ready = reason
                 self.metrics.reloads.labels("failed").inc()
                 return reason
-            self.challenger = self._waiting_challenger(loaded)
-            if self.predictor is not None and loaded.version == self.predictor.version and not force:
-                return f"version {loaded.version} already serving"
-            loaded.learn(past_outcomes(s.telemetry_dir))  # this machine's correction, against the new model
+            self.skipped_telemetry = past.skipped
+            self.metrics.skipped_telemetry.inc(len(past.skipped))
             self.predictor, self.cache, self.last_error = loaded, AnswerCache(s.cache_size), None
             self.not_ready = ""
             self.metrics.model_version.set(float(loaded.version))
@@ -147,10 +166,39 @@ class ServiceState:
             answer = self.explorer.answer(pick, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()
-        self.metrics.decisions.labels(str(answer.chunk_size), answer.source).inc()
+        self.metrics.decisions.labels(size_label(answer.chunk_size, request.context_length), answer.source).inc()
         return answer
 
-    def record(self, outcomes: list) -> None:
+    def feedback(self, raw_outcomes: list[dict]) -> FeedbackResult:
+        """The engine's outcomes, each checked on its own: the contract (refused by the field it broke),
+        then whether its machine could have measured it (refused as `implausible`); the accepted are
+        stamped with the time the service received them (the client's clock decides nothing) and
+        recorded. Reasons are labels from a fixed set, whatever a client sends."""
+        received = datetime.now(UTC)
+        predictor = self.predictor
+        accepted, rejected = [], Tally()
+        for raw in raw_outcomes:
+            try:
+                outcome = Outcome.model_validate(raw)
+            except ValidationError as exc:
+                field_name = ConfigError.of(exc).field.rsplit(".", 1)[-1]
+                rejected[field_name if field_name in FIELD_LABELS else "other"] += 1
+                continue
+            try:
+                checked = plausibility.check(outcome) if predictor is None else predictor.check(outcome)
+            except ConfigError:
+                rejected["implausible"] += 1
+                continue
+            accepted.append(checked.model_copy(update={"finished_at": received}))
+        for reason, count in rejected.items():
+            self.metrics.outcome_rejections.labels(reason).inc(count)
+        self.metrics.outcomes.labels("rejected").inc(rejected.total())
+        if accepted:
+            self.record(accepted)
+            self.metrics.outcomes.labels("accepted").inc(len(accepted))
+        return FeedbackResult(accepted=len(accepted), rejected=dict(rejected))
+
+    def record(self, outcomes: list[Outcome]) -> None:
         """Accepted outcomes into the telemetry partition (one atomic file per machine), queued for
         publishing when the fleet shares a tracking server; the serving model's correction learns
         from them at once (its cached answers go)."""
@@ -179,6 +227,23 @@ class ServiceState:
             self.metrics.published.labels("ok" if ok else "failed").inc()
 
     def poll_forever(self, stop: threading.Event) -> None:
-        """Re-check the alias every poll_interval_s until stopped."""
+        """Re-check the alias every poll_interval_s until stopped; nothing a poll meets ends the thread."""
         while not stop.wait(self.settings.poll_interval_s):
-            self.load()
+            try:
+                self.load()
+            except Exception as exc:  # load records its own failures; this is what it did not foresee
+                self.last_error = f"poll failed: {type(exc).__name__}: {exc}"
+
+
+def size_label(chunk_size: int, context_length: int) -> str:
+    """A decided size as a metric label from a fixed set: a default candidate, `full`, or `other`
+    (a client's own candidates would otherwise grow /metrics without bound)."""
+    if chunk_size == context_length:
+        return "full"
+    return str(chunk_size) if chunk_size in DEFAULT_CHUNKS else "other"
+
+
+# the labels an outcome's refusal may carry: the contract's field names (never a client's own key)
+FIELD_LABELS = frozenset(
+    name for model in (Outcome, ChunkRequest, ModelShape, AttentionConfig, Hardware) for name in model.model_fields
+) | {"value", "implausible", "other"}

@@ -11,6 +11,8 @@ from chunkpilot.dataset import TELEMETRY
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from chunkpilot.tracking import tracking_uri
 
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})  # names and addresses of this machine alone
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CHUNKPILOT_")
@@ -26,6 +28,15 @@ class Settings(BaseSettings):
     store_timeout_s: int = Field(default=5, ge=1, le=600, description="MLflow HTTP request timeout")
     store_retries: int = Field(default=0, ge=0, le=10, description="MLflow HTTP retries per request")
     host: str = Field(default="127.0.0.1", description="the bind address: beyond loopback, feedback needs the token")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="names clients may reach the service by (the Host header) besides the bind address and "
+        "loopback: any other is refused (a page's DNS rebinding), e.g. CHUNKPILOT_ALLOWED_HOSTS='[\"predictor.lan\"]'",
+    )
+    drain_delay_s: float = Field(
+        default=1.0, ge=0, le=60, description="on SIGTERM, how long /readyz says 503 before the listener closes"
+    )
+    drain_timeout_s: int = Field(default=10, ge=1, le=600, description="on SIGTERM, the most in-flight requests get")
     telemetry_dir: Path = Field(default=TELEMETRY, description="where accepted outcomes go")
     explore_budget: float = Field(
         default=0.01,

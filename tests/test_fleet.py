@@ -91,7 +91,8 @@ def test_two_machines_profile_at_once_and_one_training_sees_both(server, tmp_pat
     version = MlflowClient(server).get_model_version_by_alias(MODEL_NAME, CHAMPION)
     model_run = MlflowClient(server).get_run(version.run_id)
     assert int(model_run.data.params["rows"]) == sum(len(rows) for rows in local.values())
-    assert set(fetch(server, version=version.version).hardware) == set(ids.values())  # both machines' descriptors
+    with fetch(server, version=version.version) as stored:
+        assert set(stored.hardware) == set(ids.values())  # both machines' descriptors
 
 
 def test_a_killed_profiler_leaves_nothing_half_written_that_training_reads(server, tmp_path):

@@ -5,6 +5,7 @@ dataset format, and training reads that partition back as measurements."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 from datetime import UTC, datetime
 
@@ -15,6 +16,7 @@ from servers import free_port, serve
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome, RequestFeatures
+from chunkpilot.correction import CLIP
 from chunkpilot.dataset import Partition, read_dataset
 from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy
@@ -87,7 +89,8 @@ def test_the_service_learns_this_machine_from_each_outcome_without_a_retrain(tra
         assert httpx.post(f"{url}/v1/feedback", json={"outcomes": slow}).json()["accepted"] == 10
         after = predicted(url)  # not a cached answer: the correction changed it
         assert httpx.get(f"{url}/v1/model").json()["learnt_from_prefills"] == 10
-    assert after[256] > 2 * before[256] and after[256] / before[256] > after[512] / before[512] > 1
+    # moved towards what was measured, by at most the correction's clip (chunkpilot/correction.py)
+    assert math.exp(CLIP) >= after[256] / before[256] > after[512] / before[512] > 1
     with serve(create_app(settings)) as url:  # a restart: the correction rebuilt from the partition
         assert predicted(url) == pytest.approx(after)
 
@@ -102,10 +105,11 @@ def test_the_service_learns_this_machine_from_each_outcome_without_a_retrain(tra
         ({"chunk_ms": [10.0, 10.0]}, "chunk_ms"),  # 1000 tokens in 256s are 4 chunks
         ({"request": {**outcome()["request"], "hardware": {"hardware_id": "who"}}}, "hardware"),
         ({"source": "guess"}, "source"),
-        ({"surprise": 1}, "surprise"),
+        ({"surprise": 1}, "other"),
     ],
 )
 def test_bad_outcomes_are_refused_by_the_field_they_break(service, change, reason):
+    """...and counted by it; a field the contract does not have is `other` (labels from a fixed set)."""
     url, partition = service
     answer = httpx.post(f"{url}/v1/feedback", json={"outcomes": [outcome(), outcome(**change)]})
     assert answer.status_code == 200 and answer.json() == {"accepted": 1, "rejected": {reason: 1}}

@@ -75,10 +75,10 @@ def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, fl
         if recent is None:
             return float("nan"), float("nan"), 0
         every = every_candidate(recent)
-        picks = [
-            choose_groups(load_recipe(registry.fetch(tracking_uri, version=v).recipe_dir), every).chunks
-            for v in (challenger, champion)
-        ]
+        picks = []
+        for v in (challenger, champion):
+            with registry.fetch(tracking_uri, version=v) as stored:
+                picks.append(choose_groups(load_recipe(stored.recipe_dir), every).chunks)
         regrets: tuple[list[float], list[float]] = ([], [])
         for g, r in recent.rows.groupby("group", sort=False):
             measured = dict(zip(r.chunk_size, r.ttft_ms, strict=True))

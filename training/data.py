@@ -3,6 +3,7 @@ by the serving contract (predictor/features.py)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pandas as pd
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.cost_models import Measured
-from chunkpilot.dataset import DataError, read_dataset
+from chunkpilot.dataset import DataError, read_dataset, trusted_telemetry
 from chunkpilot.features import INPUT_COLUMNS, build
 
 CONFIG_COLUMNS = (
@@ -95,7 +96,10 @@ def load_table(path: Path) -> Table:
     """Read and check the dataset (exit-2 errors name what is wrong), then build the features."""
     if not Path(path).exists():
         raise DataError("data", f"{path} does not exist")
-    rows = merge_telemetry(read_dataset(Path(path)))
+    rows, refused = trusted_telemetry(read_dataset(Path(path)))
+    if refused:
+        print(f"{len(refused)} telemetry rows refused (first: {refused[0]})", file=sys.stderr, flush=True)
+    rows = merge_telemetry(rows)
     configs = rows.config_key.nunique()
     if configs < 2:
         raise DataError("data", f"{path} holds one config only ({rows.config_key.iloc[0]}): nothing to hold out")
@@ -126,7 +130,7 @@ def telemetry_since(path: Path, since: pd.Timestamp) -> Table | None:
     the configs measured at two sizes or more: what can judge a choice between models trained
     before `since` (None: nothing to judge on)."""
     rows = read_dataset(Path(path))
-    rows = rows[(rows.spec_name == "telemetry") & (rows.finished_at > since)]
+    rows, _ = trusted_telemetry(rows[(rows.spec_name == "telemetry") & (rows.finished_at > since)])
     if rows.empty:
         return None
     rows = merge_telemetry(rows)

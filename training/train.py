@@ -235,19 +235,22 @@ def train(
         new = {name: m["mean_regret"] for name, m in metrics[recipe].items()}
         with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
             final = fit_recipes([recipe], lgbm, table, Path(tmp))[recipe]
-        settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURE_SET))
-        verdict = promotion.gate(
-            client,
-            new,
-            {"name": final.name, **final.params},
-            _row_counts(table),
-            lambda theirs: slice_regrets(theirs, table, slices),
-            ",".join(FEATURE_SET),
-        )
-        with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
-            mlflow.log_metrics(flat(metrics[recipe]))
-            version = _log_model(final, table, described, source, slices, trials, frames, judged[recipe][1], verdict)
-        promotion.register(client, version, verdict, new["all"], settled)
+        with promotion.one_promoter(tracking_uri()):  # a second retrain on this store judges after this one
+            settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURE_SET))
+            verdict = promotion.gate(
+                client,
+                new,
+                {"name": final.name, **final.params},
+                _row_counts(table),
+                lambda theirs: slice_regrets(theirs, table, slices),
+                ",".join(FEATURE_SET),
+            )
+            with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
+                mlflow.log_metrics(flat(metrics[recipe]))
+                version = _log_model(
+                    final, table, described, source, slices, trials, frames, judged[recipe][1], verdict
+                )
+            promotion.register(client, version, verdict, new["all"], settled)
         client.update_model_version(
             registry.MODEL_NAME, version, version_description(final, described, metrics[recipe])
         )
@@ -304,6 +307,7 @@ def _format_gathered(gathered: Gathered) -> str:
         f"gathered {gathered.profiled} configs and {gathered.telemetry} telemetry batches of "
         f"{len(gathered.machines)} machines ({', '.join(gathered.machines)}) from {len(gathered.runs)} runs "
         f"({gathered.downloaded} files downloaded, the others from the cache)"
+        + (f"; {len(gathered.refused)} refused (first: {gathered.refused[0]})" if gathered.refused else "")
     )
 
 

@@ -1,0 +1,29 @@
+"""Paths built from what a client or a tracking server said (a machine's id, a spec's name, a
+partition's name): each part must be one identifier (chunkpilot.contract.IDENTIFIER), and the
+joined path, resolved, must stay inside its root. Anything else is refused, never written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .contract import IDENTIFIER, ConfigError
+
+_IDENTIFIER = re.compile(IDENTIFIER)
+
+
+class UnsafePath(ConfigError):
+    """A path part that is not an identifier, or a path that leaves its root."""
+
+
+def inside(root: Path, *parts: str, suffix: str = "") -> Path:
+    """`root/part/.../last+suffix`, refused unless every part is an identifier and the result,
+    resolved (links followed), lies under `root` resolved."""
+    for part in parts:
+        if not isinstance(part, str) or not _IDENTIFIER.match(part):
+            raise UnsafePath("path", f"{part!r} is not an identifier ({IDENTIFIER})")
+    base = Path(root).resolve()
+    path = base.joinpath(*parts[:-1], parts[-1] + suffix) if parts else base
+    if not path.resolve().is_relative_to(base):
+        raise UnsafePath("path", f"{path} leaves {base}")
+    return path
