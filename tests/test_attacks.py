@@ -411,7 +411,7 @@ def test_stateful_feedback_then_decisions_never_fail_and_stay_within_the_bound(t
     no answer of this API feeds another's request, so the sequence is Hypothesis' rules here."""
     from hypothesis import HealthCheck, settings
     from hypothesis import strategies as st
-    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+    from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
     from chunkpilot.chunks import uniform
     from chunkpilot.plausibility import floor_ms
@@ -481,16 +481,12 @@ def test_stateful_feedback_then_decisions_never_fail_and_stay_within_the_bound(t
                         ratio = predicted[size] / seen[size]
                         assert np.exp(-CLIP) * (1 - 1e-9) <= ratio <= np.exp(CLIP) * (1 + 1e-9)
 
-            @invariant()
-            def nothing_lost(self) -> None:
-                rows = len(read_dataset(telemetry)) if any(telemetry.rglob("*.parquet")) else 0
-                assert rows == tally["accepted"]
-
         run_state_machine_as_test(
             FeedbackThenDecide,
             settings=settings(
-                max_examples=15, stateful_step_count=8, deadline=None, suppress_health_check=list(HealthCheck)
+                max_examples=12, stateful_step_count=8, deadline=None, suppress_health_check=list(HealthCheck)
             ),
         )
+    assert len(read_dataset(telemetry)) == tally["accepted"]  # every accepted outcome landed
     print(f"\nstateful run: {tally['accepted']} of {tally['sent']} generated outcomes accepted")
     assert tally["accepted"] > 0 and tally["accepted"] < tally["sent"]
