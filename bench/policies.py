@@ -1,5 +1,6 @@
 """The policies side by side on prompts the model was never trained on: `auto` (the champion,
-in-process), fixed 1024, the hand rule and one shot, measured by the one evaluator
+in-process), fixed 1024, the hand rule, the simple rule (one shot without a window, else the hand
+rule) and one shot, measured by the one evaluator
 (engine/comparison.py): every distinct chunk size per round for 3 rounds, interleaved, then only the
 sizes still compared, rounds until the intervals of auto's savings over the rule and over 1024 are
 narrower than 2% or --max-rounds pass. Prints per-prompt TTFT and regret against the measured
@@ -21,7 +22,7 @@ from chunkpilot.tracking import tracking_uri
 from engine.comparison import PromptCase, evaluate, format_evaluation
 from engine.engine import Engine, EngineConfig
 from engine.hardware import local_hardware
-from engine.policy import FixedPolicy, FullPolicy, RulePolicy
+from engine.policy import FixedPolicy, FullPolicy, RulePolicy, SimpleRulePolicy
 from engine.predictor_client import make_auto
 
 PROMPTS = {
@@ -50,6 +51,7 @@ def main() -> None:
             "auto": auto,
             "fixed 1024": FixedPolicy(1024, capped=True),
             "hand rule": RulePolicy(),
+            "simple rule": SimpleRulePolicy(),
             "one shot": FullPolicy(),
         }
         print(
@@ -61,7 +63,7 @@ def main() -> None:
             engine,
             policies,
             PROMPTS[model],
-            [("auto", "hand rule"), ("auto", "fixed 1024")],
+            [("auto", "hand rule"), ("auto", "fixed 1024"), ("auto", "simple rule")],
             max_rounds=args.max_rounds,
         )
         print(format_evaluation(result), flush=True)

@@ -52,6 +52,13 @@ def rule_size(context_length: int, window: int | None, layout: str) -> int:
     return clamp_chunk(hand_rule(context_length), context_length, window, layout)
 
 
+def simple_rule(context_length: int, window: int | None, layout: str) -> int:
+    """The strongest two-line rule found on the shipped data, the baseline `auto` must beat beside
+    the hand rule: one shot without a window (the whole prompt in one causal pass skips the masked
+    half), else the hand rule."""
+    return context_length if window is None else rule_size(context_length, window, layout)
+
+
 def rule_candidate(sizes: list[int], context_length: int, window: int | None, layout: str) -> int:
     """The candidate the hand rule lands on: its size cut to what the config allows, else the largest
     candidate below that, else the smallest. The one place the rule meets a list of candidates:

@@ -169,24 +169,30 @@ def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
 def compare_with_service(
     model: str, url: str, max_rounds: int, cases: list | None = None, deadline: float | None = None
 ) -> str:
-    """The demo's comparison: `auto` asking the service, fixed 1024 and the hand rule, measured by
+    """The demo's comparison: `auto` asking the service, fixed 1024, the hand rule and the simple rule
+    (one shot without a window, else the hand rule), measured by
     the one evaluator (engine/comparison.py) until the savings are settled, `deadline` passes or
     `max_rounds` do."""
     from engine.comparison import evaluate, format_evaluation
     from engine.engine import Engine, EngineConfig
     from engine.hardware import local_hardware
-    from engine.policy import FixedPolicy, RulePolicy
+    from engine.policy import FixedPolicy, RulePolicy, SimpleRulePolicy
     from engine.predictor_client import make_auto
 
     engine = Engine(EngineConfig(model=model))
     auto = make_auto(local_hardware(engine.config.dtype, engine.runtime.threads), service=url)
-    policies = {"auto": auto, "fixed 1024": FixedPolicy(1024, capped=True), "hand rule": RulePolicy()}
+    policies = {
+        "auto": auto,
+        "fixed 1024": FixedPolicy(1024, capped=True),
+        "hand rule": RulePolicy(),
+        "simple rule": SimpleRulePolicy(),
+    }
     try:
         result = evaluate(
             engine,
             policies,
             cases or PROMPTS,
-            [("auto", "hand rule"), ("auto", "fixed 1024")],
+            [("auto", "hand rule"), ("auto", "fixed 1024"), ("auto", "simple rule")],
             full_rounds=FULL_ROUNDS,
             min_rounds=5,  # a bootstrap over 5 rounds has 126 distinct resamples
             max_rounds=max_rounds,

@@ -44,7 +44,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk-size",
         default="rule",
-        help="a positive integer, 'full' (one shot), 'rule', 'auto' (ask the predictor) or a schedule "
+        help="a positive integer, 'full' (one shot), 'rule', 'simple-rule' (one shot without a window, else "
+        "the rule), 'auto' (ask the predictor) or a schedule "
         "'1024,512,256' (sizes in order, the last repeated until the prompt is covered)",
     )
     add_predictor_args(parser)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from chunkpilot.chunks import rule_size
+from chunkpilot.chunks import rule_size, simple_rule
 from chunkpilot.contract import ConfigError, RequestFeatures, number
 
 
@@ -62,6 +62,17 @@ class RulePolicy:
 
 
 @dataclass(frozen=True)
+class SimpleRulePolicy:
+    """One shot without a window, else the hand rule (chunkpilot.chunks.simple_rule)."""
+
+    name: str = "simple-rule"
+
+    def choose(self, request: RequestFeatures) -> Decision:
+        att = request.attention
+        return Decision(simple_rule(request.context_length, att.window, att.layout), "rule")
+
+
+@dataclass(frozen=True)
 class SchedulePolicy:
     """Chunk sizes in order (Sarathi-Serve's decreasing chunks, say): the last repeats until the prompt
     is covered and the final chunk is cut to what is left, so one pattern serves any prompt."""
@@ -80,16 +91,19 @@ class SchedulePolicy:
 
 
 def parse_policy(value: str | int) -> ChunkPolicy:
-    """`--chunk-size`: a positive integer, `full`, `rule` or a schedule `1024,512,256`."""
+    """`--chunk-size`: a positive integer, `full`, `rule`, `simple-rule` or a schedule `1024,512,256`."""
     if value == "full":
         return FullPolicy()
     if value == "rule":
         return RulePolicy()
+    if value == "simple-rule":
+        return SimpleRulePolicy()
     try:
         if isinstance(value, str) and "," in value:
             return SchedulePolicy(tuple(number("chunk_size", v.strip(), int, ge=1) for v in value.split(",")))
         return FixedPolicy(number("chunk_size", value, int, ge=1))
     except ConfigError:
         raise ConfigError(
-            "chunk_size", f"must be a positive integer, 'full', 'rule' or sizes like 1024,512; got {value!r}"
+            "chunk_size",
+            f"must be a positive integer, 'full', 'rule', 'simple-rule' or sizes like 1024,512; got {value!r}",
         ) from None

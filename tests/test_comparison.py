@@ -124,9 +124,20 @@ def test_saving_is_a_share_of_the_reference_s_total_ttft_with_an_interval_around
 
 def test_settled_means_narrow_whichever_side_of_zero():
     """Stopping as soon as an interval leaves 0 would pick the rounds that say so: not a 95% interval."""
-    assert Saving("a", "b", 1, 0.0, -0.005, 0.005).settled(0.02)
-    assert not Saving("a", "b", 1, 0.30, 0.20, 0.40).settled(0.02)
-    assert not Saving("a", "b", 1, 0.01, -0.05, 0.07).settled(0.02)
+    assert Saving("a", "b", 1, 0.0, -0.005, 0.005, 0.0, -0.005, 0.005).settled(0.02)
+    assert not Saving("a", "b", 1, 0.30, 0.20, 0.40, 0.30, 0.20, 0.40).settled(0.02)
+    assert not Saving("a", "b", 1, 0.01, -0.05, 0.07, 0.01, -0.05, 0.07).settled(0.02)
+    assert not Saving("a", "b", 1, 0.0, -0.005, 0.005, 0.0, -0.05, 0.05).settled(0.02)  # the net one is wide
+
+
+def test_the_net_saving_charges_each_policy_its_first_decision():
+    """Made-up round times (not measurements): the same size, so no gross saving, but `a` took 10 ms
+    to decide on a 100-ms prefill and `b` nothing: net, `a` costs 10%."""
+    times = {256: [100.0, 100.0, 100.0], 512: [120.0, 121.0, 119.0]}
+    p = PromptResult(PromptCase(2048), {"a": 256, "b": 256}, {}, times, first_decision_ms={"a": 10.0, "b": 0.0})
+    (saving,) = bootstrap_savings([p], [("a", "b")])
+    assert saving.saving == 0.0 and saving.net == pytest.approx(-0.10)
+    assert saving.net_low == pytest.approx(-0.10) and saving.net_high == pytest.approx(-0.10)
 
 
 def test_only_prompts_where_the_policies_differ_are_still_compared():

@@ -52,7 +52,8 @@ def test_fixed_and_full_respect_the_ring_rule():
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "auto?", "", "True", "512,0", "512,", "256,x"])
 def test_parse_policy_rejects(value):
-    with pytest.raises(ConfigError, match="chunk_size: must be a positive integer, 'full', 'rule' or sizes like"):
+    allowed = "chunk_size: must be a positive integer, 'full', 'rule', 'simple-rule' or sizes like"
+    with pytest.raises(ConfigError, match=allowed):
         parse_policy(value)
 
 

@@ -321,8 +321,10 @@ def test_demo_comparison_table(server):
     assert lines[1].startswith("200 tok, no window") and lines[2].startswith("300 tok, w64 ring s4")
     assert lines[3].startswith("total TTFT") and lines[4].startswith("mean regret vs best")
     assert "auto decided from: service" in lines[5]  # asked once per prompt, before measuring
-    assert lines[6].startswith("auto vs hand rule:") and "95% CI [" in lines[6]
-    assert lines[7].startswith("auto vs fixed 1024:")
+    assert lines[6].startswith("decision ms, first / steady")  # what each policy paid to decide
+    assert lines[7].startswith("auto vs hand rule:") and "95% CI [" in lines[7]
+    assert "net of each policy's first decision" in lines[7]
+    assert lines[8].startswith("auto vs fixed 1024:") and lines[9].startswith("auto vs simple rule:")
 
 
 def test_the_demo_s_learning_phase_teaches_the_service_its_prefills(trained_store, tmp_path):

@@ -140,6 +140,7 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
         "fixed-1024",
         "best-fixed",
         "hand-rule",
+        "simple-rule",
         "analytic-fit",
         "nearest-config",
         "lgbm-classifier",

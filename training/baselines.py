@@ -130,6 +130,24 @@ class HandRule:
         return HeldOutChoices({g: rule_chunk(r) for g, r in test.rows.groupby("group", sort=False)})
 
 
+class SimpleRule:
+    """The strongest two-line rule (chunkpilot.chunks.simple_rule): one shot without a window, else
+    the hand rule. Without a window, one shot is the largest measured size (the whole prompt)."""
+
+    name = "simple-rule"
+
+    def fit(self, train: Table) -> None:
+        pass
+
+    def choose(self, test: Table) -> HeldOutChoices:
+        return HeldOutChoices(
+            {
+                g: int(r.chunk_size.max()) if int(r.window.iloc[0]) == 0 else rule_chunk(r)
+                for g, r in test.rows.groupby("group", sort=False)
+            }
+        )
+
+
 def argmin_per_group(test: Table, predicted: np.ndarray) -> dict[str, int]:
     frame = pd.DataFrame(
         {"group": test.rows.group.to_numpy(), "chunk": test.rows.chunk_size.to_numpy(), "p": predicted}
@@ -253,7 +271,7 @@ class RankLevel:
 
 def baselines(every: bool = True) -> list:
     """Every baseline, or (every=False) the ones a user compares against and that cost seconds to
-    cross-validate: fixed 1024, the best fixed size, the hand rule. (The analytic fit is a recipe:
-    chunkpilot.recipe.RECIPES.)"""
-    quick = [FixedChunk(1024), BestFixed(), HandRule()]
+    cross-validate: fixed 1024, the best fixed size, the hand rule and the simple rule. (The analytic
+    fit is a recipe: chunkpilot.recipe.RECIPES.)"""
+    quick = [FixedChunk(1024), BestFixed(), HandRule(), SimpleRule()]
     return quick + [NearestConfig(), ChunkClassifier(), ChunkRanker(), RankLevel()] if every else quick
