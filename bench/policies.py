@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import time
 
+from chunkpilot.chunks import simple_rule
 from chunkpilot.tracking import tracking_uri
 from engine.comparison import PromptCase, evaluate, format_evaluation
 from engine.engine import Engine, EngineConfig
 from engine.hardware import local_hardware
-from engine.policy import FixedPolicy, FullPolicy, RulePolicy, SimpleRulePolicy
+from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 from engine.predictor_client import make_auto
 
 PROMPTS = {
@@ -51,7 +52,7 @@ def main() -> None:
             "auto": auto,
             "fixed 1024": FixedPolicy(1024, capped=True),
             "hand rule": RulePolicy(),
-            "simple rule": SimpleRulePolicy(),
+            "simple rule": RulePolicy("simple-rule", simple_rule),
             "one shot": FullPolicy(),
         }
         print(

@@ -173,10 +173,11 @@ def compare_with_service(
     (one shot without a window, else the hand rule), measured by
     the one evaluator (engine/comparison.py) until the savings are settled, `deadline` passes or
     `max_rounds` do."""
+    from chunkpilot.chunks import simple_rule
     from engine.comparison import evaluate, format_evaluation
     from engine.engine import Engine, EngineConfig
     from engine.hardware import local_hardware
-    from engine.policy import FixedPolicy, RulePolicy, SimpleRulePolicy
+    from engine.policy import FixedPolicy, RulePolicy
     from engine.predictor_client import make_auto
 
     engine = Engine(EngineConfig(model=model))
@@ -185,7 +186,7 @@ def compare_with_service(
         "auto": auto,
         "fixed 1024": FixedPolicy(1024, capped=True),
         "hand rule": RulePolicy(),
-        "simple rule": SimpleRulePolicy(),
+        "simple rule": RulePolicy("simple-rule", simple_rule),
     }
     try:
         result = evaluate(

@@ -3,6 +3,7 @@ engine/predictor_client.py) implements the same `ChunkPolicy.choose`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,24 +53,15 @@ class FullPolicy:
 
 @dataclass(frozen=True)
 class RulePolicy:
-    """The hand rule, cut to what the config allows, so that it always works as a fallback."""
+    """A rule of thumb, cut to what the config allows, so that it always works as a fallback: the hand
+    rule, or `RulePolicy("simple-rule", simple_rule)` (one shot without a window, else the hand rule)."""
 
     name: str = "rule"
+    size: Callable[[int, int | None, str], int] = rule_size  # (context, window, layout) -> chunk
 
     def choose(self, request: RequestFeatures) -> Decision:
         att = request.attention
-        return Decision(rule_size(request.context_length, att.window, att.layout), "rule")
-
-
-@dataclass(frozen=True)
-class SimpleRulePolicy:
-    """One shot without a window, else the hand rule (chunkpilot.chunks.simple_rule)."""
-
-    name: str = "simple-rule"
-
-    def choose(self, request: RequestFeatures) -> Decision:
-        att = request.attention
-        return Decision(simple_rule(request.context_length, att.window, att.layout), "rule")
+        return Decision(self.size(request.context_length, att.window, att.layout), "rule")
 
 
 @dataclass(frozen=True)
@@ -97,7 +89,7 @@ def parse_policy(value: str | int) -> ChunkPolicy:
     if value == "rule":
         return RulePolicy()
     if value == "simple-rule":
-        return SimpleRulePolicy()
+        return RulePolicy("simple-rule", simple_rule)
     try:
         if isinstance(value, str) and "," in value:
             return SchedulePolicy(tuple(number("chunk_size", v.strip(), int, ge=1) for v in value.split(",")))
