@@ -68,7 +68,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         default="all",
         help="what the registered recipe is judged beside, each its own MLflow run: all (every baseline "
         "and recipe: the training table), recipes (the recipes and the quick baselines) or quick (fixed "
-        "1024, the best fixed size and the hand rule: seconds); default all",
+        "1024, the best fixed size, the hand rule and the simple rule: seconds); default all",
     )
 
 
