@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from annotated_types import Ge, Gt, Le
 
+from chunkpilot import plausibility
 from chunkpilot.contract import (
     ATTN_IMPLS,
     DTYPES,
@@ -293,20 +294,16 @@ def outcome_of(row: dict) -> Outcome:
 
 def trusted_telemetry(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """(the rows less the telemetry ones the contract or the plausibility check refuses, why each
-    refused one was): what the service would have refused never reaches training or the correction."""
-    from chunkpilot import plausibility
-
-    keep, refused = [], []
-    for row in rows.to_dict("records"):
-        ok = row["spec_name"] != "telemetry"
-        if not ok:
-            try:
-                plausibility.check(outcome_of(row))
-                ok = True
-            except ConfigError as exc:
-                refused.append(f"{row['config_key']} chunk {row['chunk_size']}: {exc}")
-        keep.append(ok)
-    return rows[keep], refused
+    refused one was): what the service would have refused never reaches training or the correction.
+    Profiled rows pass as they are."""
+    telemetry = rows.spec_name == "telemetry"
+    refused: dict = {}
+    for index, row in zip(rows.index[telemetry], rows[telemetry].to_dict("records"), strict=True):
+        try:
+            plausibility.check(outcome_of(row))
+        except ConfigError as exc:
+            refused[index] = f"{row['config_key']} chunk {row['chunk_size']}: {exc}"
+    return rows.drop(index=list(refused)), list(refused.values())
 
 
 @dataclass
