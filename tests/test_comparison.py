@@ -54,8 +54,10 @@ def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_sti
         assert set(p.times) >= set(p.choices.values())  # every choice is among the measured sizes
         # the policies differ, so their sizes and the best are timed every round
         assert all(len(p.times[c]) == result.rounds for c in {*p.choices.values(), p.best})
-        for c, t in p.times.items():  # any other size: the full round only
-            assert len(t) == result.full_rounds or c in {*p.choices.values(), p.best}
+        # any other size: the full round, plus the rounds in which it was the best so far (timing
+        # noise can move the best between rounds, so one other size at most per later round)
+        others = [t for c, t in p.times.items() if c not in {*p.choices.values(), p.best}]
+        assert sum(len(t) - result.full_rounds for t in others) <= result.rounds - result.full_rounds
     assert all(p.median(c) >= p.median(p.best) for p in result.prompts for c in p.choices.values())
     (saving,) = result.savings
     assert saving.low <= saving.saving <= saving.high
