@@ -1,5 +1,6 @@
-"""Decision latency of the predictor: in-process (the model alone, and through the LRU cache) and
-over HTTP against a real `chunkpilot serve` process on loopback. Each HTTP client is its own
+"""Decision latency of the predictor: in-process (the recipe at the exact length, today's path
+before the table; the decision table at first sight of a kind and in the steady state, with its
+build time per kind) and over HTTP against a real `chunkpilot serve` process on loopback. Each HTTP client is its own
 process with one keep-alive connection, as engines are (client threads in one process would
 measure the GIL's 5 ms switch interval, not the service), asking back to back (saturation) or
 paced (one request per --every-ms, like an engine asking before each prefill). The clients use
@@ -25,11 +26,12 @@ HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0
 
 
 def body(i: int, schedule: bool = False) -> dict:
-    """Requests that differ (1,200 distinct, so the service's cache answers only repeats)."""
+    """Twelve kinds of request (3 models x 4 attention set-ups), each request a length not asked
+    before (distinct up to i = 20,000): a decision the table answers from a cell, never a repeat."""
     window = [None, 512, 1024, 2048][i % 4]
     return {
         "schedule": schedule,
-        "context_length": 500 + 37 * (i % 400),
+        "context_length": 500 + (i * 7919) % 20_000,
         "model": ["llama-tiny", "mistral-44m", "qwen2-gqa"][i % 3],
         "attention": {"window": window, "layout": "ring" if window == 1024 else "shift"},
         "threads": 2,
@@ -42,37 +44,62 @@ def percentiles(ms: list[float]) -> str:
     return f"p50 {statistics.median(ms):7.3f} ms   p99 {q[98]:7.3f} ms"
 
 
+def timed(decide: Callable, requests: list) -> tuple[list[float], list]:
+    times, answers = [], []
+    for r in requests:
+        t0 = time.perf_counter()
+        answers.append(decide(r))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times, answers
+
+
 def in_process(n: int) -> None:
     from chunkpilot.contract import ChunkRequest
     from chunkpilot.registry import CHAMPION, MODEL_NAME
     from chunkpilot.tracking import tracking_uri
-    from predictor.model import AnswerCache, load_predictor
+    from predictor.model import load_predictor
 
     predictor = load_predictor(tracking_uri(), MODEL_NAME, CHAMPION)
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
-    for r in requests:
-        predictor.decide(r)  # warm-up: one pass over the same requests
-    times = []
-    for r in requests:
-        t0 = time.perf_counter()
-        predictor.decide(r)
-        times.append((time.perf_counter() - t0) * 1e3)
-    print(f"in-process, model every time             {percentiles(times)}")
-    if predictor.info["schedules"]:  # the same requests asking for a schedule too (500 to 15,263 tokens)
-        scheduled, times = [r.model_copy(update={"schedule": True}) for r in requests], []
-        for r in scheduled:
-            t0 = time.perf_counter()
-            predictor.decide(r)
-            times.append((time.perf_counter() - t0) * 1e3)
-        print(f"in-process, model + schedule             {percentiles(times)}")
-    cache, times = AnswerCache(4096), []
-    for r in requests * 2:  # the second pass hits the cache
-        t0 = time.perf_counter()
-        key = r.model_dump_json()
-        if cache.get(key) is None:
-            cache.put(key, predictor.decide(r))
-        times.append((time.perf_counter() - t0) * 1e3)
-    print(f"in-process, through the LRU cache        {percentiles(times[len(requests) :])}  (cache hits)")
+    exact, _ = timed(predictor.decide_at, requests)
+    print(f"in-process, recipe at the exact length   {percentiles(exact)}  (every decision before the table)")
+    first, _ = timed(predictor.decide, requests[:12])  # each kind's first request: decided now, the kind queued
+    print(f"in-process, first sight of a kind        {percentiles(first)}  (12 kinds: the recipe, now)")
+    t0 = time.perf_counter()
+    predictor.table.wait(600)
+    built = predictor.table.built_s
+    print(
+        f"table build, per kind (background)       median {statistics.median(built):.2f} s, "
+        f"max {max(built):.2f} s, {len(built)} kinds in {time.perf_counter() - t0:.1f} s"
+    )
+    fresh = [ChunkRequest.model_validate(body(i)) for i in range(n, 2 * n)]  # lengths not asked before
+    steady, answers = timed(predictor.decide, fresh)
+    sources = {s: sum(a.source == s for a in answers) for s in ("table", "model", "rule")}
+    print(f"in-process, table, new lengths           {percentiles(steady)}  sources {sources}")
+    ttft = statistics.median(a.predicted_ttft_ms for a in answers)
+    print(
+        f"decision cost / median predicted TTFT ({ttft:.0f} ms) of these requests: table p50 "
+        f"{statistics.median(steady) / ttft:.4%}, recipe p50 {statistics.median(exact) / ttft:.2%}"
+    )
+    if predictor.info["schedules"]:  # the same requests asking for a schedule too (priced per length)
+        scheduled, _ = timed(predictor.decide, [r.model_copy(update={"schedule": True}) for r in fresh])
+        print(f"in-process, recipe + schedule            {percentiles(scheduled)}")
+    predictor.close()
+
+
+def built_kinds(url: str) -> None:
+    """Ask once per kind, then until each kind answers a new length from its table."""
+    import httpx
+
+    for i in range(12):
+        httpx.post(f"{url}/v1/chunk-size", json=body(i)).raise_for_status()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        sources = [httpx.post(f"{url}/v1/chunk-size", json=body(19_000 + i)).json()["source"] for i in range(12)]
+        if sources.count("table") >= 11:  # a cell whose ends disagree answers "model"
+            return
+        time.sleep(1)
+    raise RuntimeError("the service's decision table was not built within 10 minutes")
 
 
 def httpx_post(url: str) -> Callable[[dict], None]:
@@ -143,10 +170,13 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, server)
+        built_kinds(url)
         over_http(url, 1, 300)  # warm-up, not shown
         print(over_http(url, 1, args.requests))
         for clients in (8, 32):
             print(over_http(url, clients, args.requests // clients))
+        print(over_http(url, 1, max(args.requests // 8, 20), every_ms=50))
+        print(over_http(url, 1, max(args.requests // 8, 20), every_ms=50, lean=True))
         for every_ms in (10, 50):
             print(over_http(url, 8, max(args.requests // 8, 20), every_ms=every_ms))
         print(over_http(url, 8, max(args.requests // 8, 20), every_ms=50, lean=True))

@@ -4,9 +4,12 @@ config can run, and the quarter-octave buckets of length that share a decision."
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 
 # chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
+MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
 DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
 
 
@@ -83,3 +86,44 @@ def feasible_chunks(
         elif chunk not in chosen:
             chosen.append(chunk)
     return sorted(chosen), skipped
+
+
+# The decision table's resolution: lengths within 1/CELLS of an octave (about 1.1% apart) share a
+# cell, and a cell whose two ends the recipe decides alike answers that decision for every length
+# in it (predictor.table). At 32 a choice flipped twice inside one cell on 1 of 338 configs of the
+# shipped data, at 64 on none (tests/test_table.py)
+CELLS = 64
+EXACT_BELOW = 128  # shorter prompts are their own cells: a grid finer than one token gains nothing
+# where the hand rule changes its size (hand_rule above): lengths on either side are kept apart
+RULE_EDGES = (512, 768, 1024, 1536)
+
+
+@functools.lru_cache(maxsize=1024)
+def _edges(sizes: tuple[int, ...], window: int | None) -> tuple[int, ...]:
+    return tuple(sorted({*sizes, *RULE_EDGES, *((window,) if window else ())}))
+
+
+def _own_cell(n: int) -> bool:
+    return n < EXACT_BELOW or (n > 1536 and n % 1024 == 0)
+
+
+def length_cell(context_length: int, sizes: tuple[int, ...], window: int | None) -> tuple[int, int]:
+    """(first, last) length of the cell `context_length` falls in: the lengths that round to the
+    same point of a grid of CELLS per octave and lie strictly between the same two edges, where the
+    candidates, the ring's limit or the hand rule change (a candidate's own size, the window,
+    512/768/1024/1536), so that every length of a cell has the same feasible candidates (`full`
+    aside) and the same rule candidate. An edge, a multiple of 1024 above 1536 (the hand rule's own
+    case) and any length under EXACT_BELOW is a cell of its own. `sizes`: the numeric candidates, sorted."""
+    n = context_length
+    if _own_cell(n):
+        return n, n
+    edges = _edges(sizes, window)
+    i = bisect.bisect_left(edges, n)
+    if i < len(edges) and edges[i] == n:
+        return n, n
+    lo = edges[i - 1] if i else 0
+    hi = edges[i] if i < len(edges) else MAX_CONTEXT + 1
+    j = round(CELLS * math.log2(n))
+    first = min(max(math.ceil(2 ** ((j - 0.5) / CELLS)), lo + 1), n)
+    last = max(min(math.ceil(2 ** ((j + 0.5) / CELLS)) - 1, hi - 1), n)
+    return first + _own_cell(first), last - _own_cell(last)  # a multiple of 1024 at an end is its own

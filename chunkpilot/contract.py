@@ -18,14 +18,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
-from .chunks import clamp_chunk, max_chunk
+from .chunks import MAX_CONTEXT, clamp_chunk, max_chunk
 
 Family = Literal["llama", "mistral", "qwen2", "gemma3"]
 Layout = Literal["shift", "ring"]
 Dtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager"]
 FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl))
-MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
 MAX_CANDIDATES = 64
 MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
 MAX_MS = 3.6e6  # an hour: the longest time any part accepts
@@ -285,8 +284,11 @@ class ChunkRequest(RequestFeatures):
     """The service's question: a request plus the machine, optionally the sizes to choose from."""
 
     hardware: Hardware
-    candidates: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)]] | None = Field(
-        default=None, min_length=1, max_length=MAX_CANDIDATES, description="chunk sizes to choose from"
+    candidates: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)] | Literal["full"]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CANDIDATES,
+        description='chunk sizes to choose from; "full": the whole prompt in one chunk',
     )
     schedule: bool = Field(default=False, description="also answer a chunk schedule (needs a per-chunk cost model)")
 
@@ -377,7 +379,8 @@ class ChunkResponse(BaseModel):
     top: list[Candidate]
     rule: Candidate
     model_version: str
-    source: Literal["model", "cache"]
+    # the recipe decided it now, or its decision table answered, or the budget left it to the hand rule
+    source: Literal["model", "table", "rule"]
     explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
     schedule: list[int] | None = None  # when asked: chunk sizes in order, by the per-chunk cost model
     deferred: bool = False  # do-no-harm kept the rule's size: the predicted saving was within the members' spread

@@ -1,6 +1,6 @@
 """The `auto` chunk-size policy: the engine's only way to the predictor. It asks the service over
 HTTP (keep-alive, short timeout) with this machine's measured descriptors, caches answers per
-request bucket and model version for a few seconds, and falls back to the hand rule on a timeout,
+decision-table cell (or exact length) and model version for a few seconds, and falls back to the hand rule on a timeout,
 a refused connection, an error status or an infeasible answer, saying why; a circuit breaker stops
 asking after repeated failures and probes again later. An in-process variant loads the model."""
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import httpx
 from pydantic import ValidationError
 
-from chunkpilot.chunks import quarter_octave
+from chunkpilot.chunks import DEFAULT_CHUNKS, length_cell
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
@@ -24,20 +24,16 @@ from .telemetry import Reporter, outcome
 if TYPE_CHECKING:
     from .engine import TTFTResult
 
+DEFAULT_SIZES = tuple(c for c in DEFAULT_CHUNKS if c != "full")  # what the service's table keys on
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
 
 
-def bucket(request: RequestFeatures) -> tuple:
-    """Requests that get one answer: same everything, context within a quarter octave."""
-    att = request.attention
-    return (
-        quarter_octave(request.context_length),
-        request.model,
-        att,
-        request.dtype,
-        request.threads,
-        request.attn_impl,
-    )
+def cache_keys(request: RequestFeatures) -> tuple[tuple, tuple]:
+    """(the key of this exact request, the key of its decision-table cell): an answer the service's
+    table gave holds for its whole cell (predictor.table), any other only for its own length."""
+    att, n = request.attention, request.context_length
+    kind = (request.model, att, request.dtype, request.threads, request.attn_impl)
+    return (n, *kind), (length_cell(n, DEFAULT_SIZES, att.window), *kind)
 
 
 def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) -> ChunkRequest:
@@ -137,20 +133,22 @@ class AutoPolicy(Observing):
     def __post_init__(self) -> None:
         self.client = httpx.Client(base_url=self.url, timeout=self.timeout_s)  # keep-alive across prefills
         self.version: str | None = None  # the model version of the latest answer
-        self.answers: dict[tuple, tuple[int, tuple[int, ...] | None, float]] = {}  # -> (chunk, schedule, at)
+        # (version, key) -> (chunk, or "full" for a cell's whole prompts, schedule, when)
+        self.answers: dict[tuple, tuple[int | str, tuple[int, ...] | None, float]] = {}
         self.last_error = "no answer yet"
 
     def choose(self, request: RequestFeatures) -> Decision:
-        key = (*bucket(request), request.context_length) if self.schedule else bucket(request)  # a schedule: its n
-        cached = self.answers.get((self.version, key))
+        exact, cell = cache_keys(request)
+        cached = self.answers.get((self.version, exact)) or self.answers.get((self.version, cell))
         if cached is not None and time.monotonic() - cached[2] < self.cache_ttl_s:
-            return Decision(request.clamp(cached[0]), "cache", self.version, schedule=cached[1])
+            chunk = request.context_length if cached[0] == "full" else cached[0]
+            return Decision(request.clamp(chunk), "cache", self.version, schedule=cached[1])
         if not self.breaker.allows():
             return fall_back(
                 request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"
             )
         try:
-            chunk, version, explored, schedule = self._ask(request)
+            chunk, version, explored, schedule, tabled = self._ask(request)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
             self.breaker.record(False)
             self.last_error = failure_reason(exc, self.url, self.timeout_s)
@@ -158,11 +156,13 @@ class AutoPolicy(Observing):
         self.breaker.record(True)
         if version != self.version:  # a promotion: answers of the old model go
             self.version, self.answers = version, {}
-        if not explored:  # an exploration is for this prefill only
-            self.answers[(version, key)] = (chunk, schedule, time.monotonic())
+        if not explored:  # an exploration is for this prefill only; a schedule, for its length
+            whole = tabled and schedule is None
+            kept = "full" if whole and chunk == request.context_length else chunk
+            self.answers[(version, cell if whole else exact)] = (kept, schedule, time.monotonic())
         return Decision(chunk, "service", version, explored=explored, schedule=schedule)
 
-    def _ask(self, request: RequestFeatures) -> tuple[int, str, bool, tuple[int, ...] | None]:
+    def _ask(self, request: RequestFeatures) -> tuple[int, str, bool, tuple[int, ...] | None, bool]:
         body = ask(request, self.hardware, self.schedule).model_dump(mode="json")
         response = self.client.post("/v1/chunk-size", json=body)
         response.raise_for_status()
@@ -170,7 +170,7 @@ class AutoPolicy(Observing):
         if not 1 <= answer.chunk_size <= request.max_chunk:
             raise ValueError(f"infeasible chunk {answer.chunk_size} (allowed 1..{request.max_chunk})")
         schedule = checked_schedule(answer.schedule, request)
-        return answer.chunk_size, answer.model_version, answer.explored, schedule
+        return answer.chunk_size, answer.model_version, answer.explored, schedule, answer.source == "table"
 
     def close(self) -> None:
         self.client.close()

@@ -23,7 +23,7 @@ from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
 from chunkpilot.registry import CHALLENGER
 
 from .explore import Explorer
-from .model import AnswerCache, Predictor, load_predictor, past_outcomes
+from .model import Predictor, load_predictor, past_outcomes
 from .schemas import FeedbackResult
 from .settings import Settings
 
@@ -80,7 +80,6 @@ class ServiceState:
     metrics: ServiceMetrics
     predictor: Predictor | None = None
     challenger: Predictor | None = None  # a newer version waiting to be judged; exploring measures its picks
-    cache: AnswerCache = field(init=False)
     telemetry: Partition = field(init=False)
     explorer: Explorer = field(init=False)
     not_ready: str = "no model loaded yet"
@@ -92,7 +91,6 @@ class ServiceState:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.cache = AnswerCache(self.settings.cache_size)
         self.telemetry = Partition(self.settings.telemetry_dir, self.settings.telemetry_max_bytes)
         self.explorer = Explorer(self.settings.explore_budget)
         self.metrics.explore_share.set_function(lambda: self.explorer.spent_share)
@@ -110,7 +108,7 @@ class ServiceState:
                     if registry.alias_version(s.tracking_uri, s.model_name, s.model_alias) == serving.version:
                         self.challenger = self._waiting_challenger(serving)
                         return f"version {serving.version} already serving"
-                loaded = load_predictor(s.tracking_uri, s.model_name, s.model_alias)
+                loaded = load_predictor(s.tracking_uri, s.model_name, s.model_alias, s.decision_budget)
                 self.challenger = self._waiting_challenger(loaded)
                 past = past_outcomes(s.telemetry_dir)
                 loaded.learn(past.outcomes)  # this machine's correction, against the new model
@@ -124,7 +122,9 @@ class ServiceState:
                 return reason
             self.skipped_telemetry = past.skipped
             self.metrics.skipped_telemetry.inc(len(past.skipped))
-            self.predictor, self.cache, self.last_error = loaded, AnswerCache(s.cache_size), None
+            old, self.predictor, self.last_error = self.predictor, loaded, None
+            if old is not None:
+                old.close()  # its table's builder ends; requests in flight still finish on it
             self.not_ready = ""
             self.metrics.model_version.set(float(loaded.version))
             self.metrics.reloads.labels("swapped").inc()
@@ -143,20 +143,18 @@ class ServiceState:
             ):
                 found = current
             else:
-                found = load_predictor(s.tracking_uri, s.model_name, CHALLENGER)
+                found = load_predictor(s.tracking_uri, s.model_name, CHALLENGER, s.decision_budget)
         except Exception:  # no challenger (or one that does not load): explore as without one
             return None
         return found if found.waits and int(found.version) > int(champion.version) else None
 
+    def answers_at_once(self, request: ChunkRequest) -> bool:
+        """Whether deciding `request` costs only table lookups (the route answers it on the event loop)."""
+        challenger = self.challenger
+        return self.predictor.answers_at_once(request) and (challenger is None or challenger.answers_at_once(request))
+
     def decide(self, request: ChunkRequest) -> ChunkResponse:
-        predictor, cache = self.predictor, self.cache  # one consistent pair, even during a swap
-        key = request.model_dump_json()
-        hit = cache.get(key)
-        if hit is not None and hit.model_version == predictor.version:
-            pick = hit.model_copy(update={"source": "cache"})
-        else:
-            pick = predictor.decide(request)
-            cache.put(key, pick)  # the model's own pick: exploring is decided per answer
+        pick = self.predictor.decide(request)  # the model's own pick: exploring is decided per answer
         challenger = self.challenger
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
             answer = pick
@@ -201,10 +199,9 @@ class ServiceState:
     def record(self, outcomes: list[Outcome]) -> None:
         """Accepted outcomes into the telemetry partition (one atomic file per machine), queued for
         publishing when the fleet shares a tracking server; the serving model's correction learns
-        from them at once (its cached answers go)."""
-        predictor = self.predictor
-        if predictor is not None and predictor.learn(outcomes):
-            self.cache = AnswerCache(self.settings.cache_size)
+        from them at once (its decision table is rebuilt)."""
+        if self.predictor is not None:
+            self.predictor.learn(outcomes)
         for path in self.telemetry.append(outcomes):
             if self.settings.publish_telemetry:
                 self.unpublished.put(path)

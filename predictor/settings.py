@@ -11,6 +11,8 @@ from chunkpilot.dataset import TELEMETRY
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from chunkpilot.tracking import tracking_uri
 
+from .model import BUDGET
+
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})  # names and addresses of this machine alone
 
 
@@ -23,7 +25,9 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(default=30.0, ge=0, description="how often to check the alias; 0: never")
     admin_token: SecretStr | None = Field(default=None, description="bearer token of /admin/reload; unset: route off")
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
-    cache_size: int = Field(default=4096, ge=0)
+    decision_budget: float = Field(
+        default=BUDGET, ge=0, le=1, description="share of a TTFT a decision on the request path may cost (model.BUDGET)"
+    )
     # an unreachable tracking server must fail a load fast (MLflow's own default retries for minutes)
     store_timeout_s: int = Field(default=5, ge=1, le=600, description="MLflow HTTP request timeout")
     store_retries: int = Field(default=0, ge=0, le=10, description="MLflow HTTP retries per request")

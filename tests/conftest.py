@@ -14,6 +14,12 @@ os.environ.setdefault("CHUNKPILOT_CACHE_DIR", tempfile.mkdtemp(prefix="chunkpilo
 os.environ.setdefault("CHUNKPILOT_TELEMETRY_DIR", tempfile.mkdtemp(prefix="chunkpilot-telemetry-"))
 # answers are the model's own picks unless a test turns exploring on (tests/test_telemetry.py)
 os.environ.setdefault("CHUNKPILOT_EXPLORE_BUDGET", "0")
+# a service's answers before its decision table is built are the recipe's own, whatever a decision
+# costs against the tests' tiny prefills, unless a test says otherwise (tests/test_table.py)
+os.environ.setdefault("CHUNKPILOT_DECISION_BUDGET", "1")
+# and no decision tables are built behind them: seconds of a core per kind of request, against the
+# tests' own timings (tests/test_table.py builds and checks them)
+os.environ.setdefault("CHUNKPILOT_DECISION_TABLE", "0")
 
 
 @pytest.fixture(scope="session")

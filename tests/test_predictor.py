@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse
 from servers import free_port, serve
 
 from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
-from engine.predictor_client import AutoPolicy, Breaker, InProcessPolicy
+from engine.predictor_client import AutoPolicy, Breaker, InProcessPolicy, cache_keys
 from predictor.app import create_app
 from predictor.settings import Settings
 
@@ -48,15 +48,15 @@ def server(trained_store):
         yield url
 
 
-def test_round_trip_model_then_cache(server):
+def test_round_trip_model_then_table(server):
     first = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
     assert first["source"] == "model" and first["model_version"] == "1"
     # the recipe's choice (do-no-harm may keep the rule's size): not always the lowest level in `top`
     assert first["chunk_size"] <= 512 and not first["explored"]
     assert [c["predicted_ttft_ms"] for c in first["top"]] == sorted(c["predicted_ttft_ms"] for c in first["top"])
     assert first["rule"]["chunk_size"] == 512  # the hand rule, cut to the ring's window
-    again = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
-    assert again["source"] == "cache" and again["chunk_size"] == first["chunk_size"]
+    again = httpx.post(f"{server}/v1/chunk-size", json=body()).json()  # the decision table, once built
+    assert again["source"] in {"model", "table"} and again["chunk_size"] == first["chunk_size"]
     batch = httpx.post(f"{server}/v1/chunk-size/batch", json={"requests": [body(), body(context_length=100)]}).json()
     assert [r["chunk_size"] <= n for r, n in zip(batch["responses"], (512, 100), strict=True)] == [True, True]
     model = httpx.get(f"{server}/v1/model").json()
@@ -115,11 +115,17 @@ def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> R
     return RequestFeatures(n, PRESETS["llama-tiny"], AttentionConfig(window, layout), "float32", 2, "sdpa")
 
 
-def test_auto_asks_once_per_bucket_then_uses_its_cache(server):
+def test_auto_asks_once_per_length_or_table_cell_then_uses_its_cache(server):
     policy = AutoPolicy(server, 2.0, HARDWARE)
-    first, second, other = policy.choose(features(3000)), policy.choose(features(3100)), policy.choose(features(8000))
+    first, second, other = policy.choose(features(3000)), policy.choose(features(3000)), policy.choose(features(8000))
     assert (first.source, second.source, other.source) == ("service", "cache", "service")
     assert first.model_version == "1" and first.chunk_size == second.chunk_size
+    # an answer from the service's decision table holds for its cell: `full` as each prompt's own length
+    policy.answers = {(policy.version, cache_keys(features(3000))[1]): ("full", None, time.monotonic())}
+    assert (policy.choose(features(3001)).chunk_size, policy.choose(features(3001)).source) == (512, "cache")
+    wide = features(3001, None, "shift")
+    policy.answers = {(policy.version, cache_keys(wide)[1]): ("full", None, time.monotonic())}
+    assert policy.choose(wide).chunk_size == 3001
 
 
 def test_engine_prefill_with_auto_records_the_decision(server, engines):

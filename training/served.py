@@ -4,28 +4,49 @@ rule's candidate, exactly as predictor/model.py asks. Recipes that share a cost 
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from chunkpilot.chunks import rule_candidate
+from chunkpilot.chunks import length_cell, rule_candidate
+from chunkpilot.features import INPUT_COLUMNS, build
 from chunkpilot.recipe import Recipe, load_recipe, make_recipe
 
 from .baselines import HeldOutChoices
 from .data import Table
 
 
-def choose_groups(recipe: Recipe, test: Table) -> HeldOutChoices:
-    """The recipe's choice for every config of `test` among its measured sizes."""
+def _choose_at(recipe: Recipe, r: pd.DataFrame, members: np.ndarray, length: int) -> tuple[int, bool]:
+    """(the index chosen among the config's measured sizes, deferred) with the config `r` (its rows,
+    `members` their predictions) asked about at `length`, its `full` row read as that length."""
+    first, n = r.iloc[0], int(r.iloc[0].context_length)
+    lengths = [length if full else size for size, full in zip(r.chunk_size, r.is_full, strict=True)]
+    if length != n:
+        config = {c: first[c] for c in INPUT_COLUMNS}
+        members = recipe.members(build({**config, "context_length": length, "chunk_size": lengths}))
+    rule = rule_candidate(lengths, length, int(first.window) or None, first.layout)
+    choice = recipe.choose(members, lengths.index(rule))
+    return choice.index, choice.deferred
+
+
+def choose_groups(recipe: Recipe, test: Table, table: bool = True) -> HeldOutChoices:
+    """The recipe's choice for every config of `test` among its measured sizes (the one measured as
+    the whole prompt being `full`), as the service answers from its decision table (predictor.table):
+    the choice at both ends of the length's cell where they agree, else at the exact length;
+    `table=False`: always at the exact length (what the table must agree with)."""
     members = recipe.members(test.x)  # [K, rows]: a row's prediction does not depend on its batch
     chunks, deferred = {}, set()
     for g, r in test.rows.groupby("group", sort=False):
-        i, sizes, first = r.index.to_numpy(), r.chunk_size.tolist(), r.iloc[0]
-        rule = rule_candidate(sizes, int(first.context_length), int(first.window) or None, first.layout)
-        choice = recipe.choose(members[:, i], sizes.index(rule))
-        chunks[g] = sizes[choice.index]
-        if choice.deferred:
+        m, n, window = members[:, r.index.to_numpy()], int(r.iloc[0].context_length), int(r.iloc[0].window) or None
+        ends = length_cell(n, tuple(sorted(r.chunk_size[~r.is_full].tolist())), window) if table else (n, n)
+        (a, a_deferred), (b, b_deferred) = (_choose_at(recipe, r, m, end) for end in ends)
+        nearer = a_deferred if math.log(n / ends[0]) <= math.log(ends[1] / n) else b_deferred  # Cell.nearer
+        index, was_deferred = (a, nearer) if a == b else _choose_at(recipe, r, m, n)
+        chunks[g] = r.chunk_size.tolist()[index]
+        if was_deferred:
             deferred.add(g)
     return HeldOutChoices(chunks, np.exp(members.mean(0)), deferred)
 

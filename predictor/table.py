@@ -1,0 +1,226 @@
+"""The decision table: the recipe's answers per kind of request (everything but the context length)
+and cell of lengths (chunkpilot.chunks.length_cell), so that most decisions cost a dict lookup.
+
+The recipe decides each cell at its first and last length. Where the two agree (the same size, or
+both `full`, the whole prompt), that is the answer for every length of the cell, its predicted TTFTs
+the nearer end's scaled by n / end (lengths of a cell are within 1.1% of each other, a tenth of the
+held-out TTFT error). Where they differ the choice flips inside the cell, and the recipe decides
+at the exact length (the predictor's budget permitting, else the nearer end answers). Training's
+cross-validation scores exactly this (training/served.py): what is judged is what is served. A
+kind's cells are built by one background thread when the kind is first seen, and rebuilt when the
+correction has learnt, the old answers serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from chunkpilot.chunks import CELLS, DEFAULT_CHUNKS, EXACT_BELOW, MAX_CONTEXT, RULE_EDGES, length_cell
+from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse
+
+MAX_KINDS = 64  # kinds kept (least recently asked go first): a client inventing kinds costs memory only so far
+REBUILD_S = 30.0  # a kind is rebuilt after a learn at most this often: a build costs seconds of one core
+MIN_RANGE = 1 << 15  # a kind's cells are built up to the next power of two over twice its longest prompt, at least this
+
+
+def numeric_candidates(request: ChunkRequest) -> tuple[int, ...]:
+    return tuple(sorted({int(c) for c in (request.candidates or DEFAULT_CHUNKS) if c != "full"}))
+
+
+def cell_of(request: ChunkRequest) -> tuple[int, int]:
+    """The (first, last) length of the request's cell."""
+    return length_cell(request.context_length, numeric_candidates(request), request.attention.window)
+
+
+def kind_of(request: ChunkRequest) -> str:
+    return request.model_dump_json(exclude={"context_length"})
+
+
+def cells(request: ChunkRequest, longest: int) -> list[tuple[int, int]]:
+    """Every cell of the request's kind up to `longest`, from a seed in each (every short length,
+    each edge and its neighbours, each grid point and its neighbours, each multiple of 1024)."""
+    sizes, window = numeric_candidates(request), request.attention.window
+    edges = {*sizes, *RULE_EDGES, *((window,) if window else ())}
+    seeds = {*range(1, EXACT_BELOW + 1), *(e + d for e in edges for d in (-1, 0, 1))}
+    points = (round(2 ** (j / CELLS)) for j in range(int(CELLS * math.log2(longest)) + 2))
+    seeds |= {p + d for p in points for d in (-1, 0, 1)}
+    seeds |= {m + d for m in range(2048, longest + 2, 1024) for d in (-1, 0, 1)}
+    return sorted({length_cell(n, sizes, window) for n in seeds if 1 <= n <= longest})
+
+
+def full_as(answer: ChunkResponse, end: int, n: int, source: str) -> ChunkResponse:
+    """The answer decided at length `end` for a prompt of `n` tokens of the same cell: `full` read
+    as n, predictions scaled by n / end."""
+    if n == end:
+        return answer.model_copy(update={"source": source}).with_gains(answer.gains)
+    f = n / end
+
+    def moved(c: Candidate) -> Candidate:
+        size = n if c.chunk_size == end else c.chunk_size
+        return Candidate.model_construct(chunk_size=size, predicted_ttft_ms=c.predicted_ttft_ms * f)
+
+    out = answer.model_copy(
+        update={
+            "chunk_size": n if answer.chunk_size == end else answer.chunk_size,
+            "predicted_ttft_ms": answer.predicted_ttft_ms * f,
+            "top": [moved(c) for c in answer.top],
+            "rule": moved(answer.rule),
+            "source": source,
+        }
+    )
+    return out.with_gains(tuple((moved(c), gain * f) for c, gain in answer.gains))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell's two ends and the recipe's answer at each."""
+
+    first: int
+    last: int
+    at_first: ChunkResponse
+    at_last: ChunkResponse
+
+    @property
+    def agreed(self) -> bool:
+        """Whether the ends chose alike: the same size, or each its whole prompt."""
+        a, b = self.at_first.chunk_size, self.at_last.chunk_size
+        return a == b or (a == self.first and b == self.last)
+
+    def nearer(self, n: int) -> tuple[int, ChunkResponse]:
+        if math.log(n / self.first) <= math.log(self.last / n):
+            return self.first, self.at_first
+        return self.last, self.at_last
+
+
+@dataclass
+class Kind:
+    request: ChunkRequest  # one request of the kind: the others differ only in context length
+    longest: int  # its cells are built up to here
+    answers: dict[int, Cell]  # a cell's first length -> the cell
+    generation: int  # the correction's state its answers were built with; -1: never built (or extended)
+    asked: bool = True  # asked about since its last build: only such kinds are rebuilt after a learn
+    built_at: float = -math.inf
+
+
+class DecisionTable:
+    """Kinds of request -> their cells' answers, and the thread that builds them."""
+
+    def __init__(self, decide_at: Callable[[ChunkRequest], ChunkResponse], builds: bool = True) -> None:
+        self.decide_at = decide_at  # the recipe's decision at exactly a request's length
+        self.builds = builds  # False: nothing is ever built, every lookup misses
+        self.kinds: OrderedDict[str, Kind] = OrderedDict()
+        self.generation = 0  # bumped by every learn: kinds built before it are rebuilt
+        self.ready = threading.Condition()  # guards kinds and generation; the builder waits on it
+        self.closed = False
+        self.builder: threading.Thread | None = None
+        self.built_s: deque[float] = deque(maxlen=256)  # seconds per kind built, the latest (the benchmark reads them)
+
+    def lookup(self, request: ChunkRequest) -> Cell | None:
+        """The request's cell if built. A new kind, or a length past the built range, is queued."""
+        key = kind_of(request)
+        kind = self.kinds.get(key)
+        if kind is None or request.context_length > kind.longest:
+            self._want(key, request)
+        else:
+            kind.asked = True
+        return None if kind is None else kind.answers.get(cell_of(request)[0])
+
+    def built(self, request: ChunkRequest) -> bool:
+        """Whether the request's cell is built and agreed: `lookup` answers it (nothing is queued)."""
+        kind = self.kinds.get(kind_of(request))
+        if kind is None or request.context_length > kind.longest:
+            return False
+        found = kind.answers.get(cell_of(request)[0])
+        return found is not None and found.agreed
+
+    def learnt(self) -> None:
+        """The correction changed: the kinds asked about since they were built are rebuilt, each at
+        most once per REBUILD_S (telemetry flows with every prefill), their old answers serving until then."""
+        with self.ready:
+            self.generation += 1
+            self.ready.notify()
+
+    def _want(self, key: str, request: ChunkRequest) -> None:
+        if not self.builds:
+            return
+        with self.ready:
+            kind = self.kinds.get(key)
+            longest = min(max(MIN_RANGE, 1 << (2 * request.context_length - 1).bit_length()), MAX_CONTEXT)
+            if kind is None:
+                self.kinds[key] = Kind(request, longest, {}, -1)
+                while len(self.kinds) > MAX_KINDS:
+                    self.kinds.popitem(last=False)
+            elif request.context_length > kind.longest:
+                kind.longest, kind.generation = longest, -1
+            else:
+                return
+            if self.builder is None:
+                self.builder = threading.Thread(target=self._build_forever, name="decision-table", daemon=True)
+                self.builder.start()
+            self.ready.notify()
+
+    def _next(self) -> Kind | None:
+        """The kind to build now: one never built (or extended) first, then one asked about since a
+        build with an older correction whose REBUILD_S have passed; None once closed."""
+        with self.ready:
+            while not self.closed:
+                now = time.monotonic()
+                kinds = list(self.kinds.values())
+                first = next((k for k in kinds if k.generation == -1), None)
+                if first is not None:
+                    return first
+                stale = [k for k in kinds if k.generation != self.generation and k.asked]
+                due = [k for k in stale if now - k.built_at >= REBUILD_S]
+                if due:
+                    return due[0]
+                wait = min((REBUILD_S - (now - k.built_at) for k in stale), default=None)
+                self.ready.wait(wait)
+            return None
+
+    def _build_forever(self) -> None:
+        while (kind := self._next()) is not None:
+            generation, longest, start = self.generation, kind.longest, time.perf_counter()
+            kind.asked = False
+            answers = dict(self._answers(kind, longest))
+            kind.answers = answers  # one swap: readers see the old answers or the new
+            kind.generation = generation if kind.longest == longest else -1  # extended meanwhile: again
+            kind.built_at = time.monotonic()
+            self.built_s.append(time.perf_counter() - start)
+
+    def _answers(self, kind: Kind, longest: int) -> Iterator[tuple[int, Cell]]:
+        for first, last in cells(kind.request, longest):
+            try:
+                ends = [self.decide_at(kind.request.model_copy(update={"context_length": n})) for n in (first, last)]
+            except ValueError:  # a cell no candidate fits (the error is the request path's to give)
+                continue
+            yield first, Cell(first, last, *ends)
+
+    def summary(self) -> dict:
+        """What GET /v1/model shows: kinds known and built, cells built, the latest build's seconds."""
+        kinds = list(self.kinds.values())
+        return {
+            "kinds": len(kinds),
+            "kinds_built": sum(k.generation != -1 for k in kinds),
+            "cells": sum(len(k.answers) for k in kinds),
+            "last_build_s": round(self.built_s[-1], 3) if self.built_s else None,
+        }
+
+    def wait(self, timeout_s: float = 60.0) -> bool:
+        """Block until every kind has been built at least once (tests and the benchmark); False on timeout."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self.ready:
+                if all(k.generation != -1 for k in self.kinds.values()):
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        with self.ready:
+            self.closed = True
+            self.ready.notify()
