@@ -125,7 +125,10 @@ class Predictor:
         return float(np.exp(base_log_ms(self.features(request, [chunk])))[0])
 
     def affordable(self, request: ChunkRequest) -> bool:
-        """Whether deciding now costs at most `budget` of the TTFT the rule's size would take."""
+        """Whether deciding now costs at most `budget` of the TTFT the rule's size would take (a budget
+        of 1, the whole TTFT: always, whatever the analytic estimate says)."""
+        if self.budget >= 1:
+            return True
         return self.decision_ms <= self.budget * self.estimate_ms(request, self.rule_size(request))
 
     def rule_size(self, request: ChunkRequest) -> int:

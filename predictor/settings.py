@@ -26,7 +26,10 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(default=None, description="bearer token of /admin/reload; unset: route off")
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     decision_budget: float = Field(
-        default=BUDGET, ge=0, le=1, description="share of a TTFT a decision on the request path may cost (model.BUDGET)"
+        default=BUDGET,
+        ge=0,
+        le=1,
+        description="share of a TTFT a decision on the request path may cost (model.BUDGET); 1: no limit",
     )
     # an unreachable tracking server must fail a load fast (MLflow's own default retries for minutes)
     store_timeout_s: int = Field(default=5, ge=1, le=600, description="MLflow HTTP request timeout")
