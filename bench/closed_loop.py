@@ -26,13 +26,14 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 from mlflow import MlflowClient
 
-from chunkpilot.chunks import DEFAULT_CHUNKS, clamp_chunk, feasible_chunks, rule_size
+from chunkpilot.chunks import DEFAULT_CHUNKS, clamp_chunk, feasible_chunks, rule_size, simple_rule
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
@@ -127,28 +128,56 @@ def bootstrapped(times: Times, per_probe, resamples: int, seed: int = 0) -> tupl
     return mean(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
 
 
-def regret(times: Times, choices: dict[int, int], seed: int = 0) -> tuple[float, float, float]:
-    """(mean regret over the probes, 95% interval): median TTFT of the choice over the best size's."""
-    return bootstrapped(times, lambda i, med: med[choices[i]] / min(med.values()) - 1, 1000, seed)
+Choices = tuple[dict[int, int], dict[int, float]]  # (probe index -> chunk size, -> ms its decision took)
 
 
-def regret_gap(times: Times, ours: dict[int, int], theirs: dict[int, int], seed: int = 0) -> tuple[float, float, float]:
-    """(mean regret of `ours` - that of `theirs` over the probes, its 95% interval), paired."""
-    return bootstrapped(times, lambda i, med: (med[ours[i]] - med[theirs[i]]) / min(med.values()), 2000, seed)
+def timed(decide: Callable[[int], int]) -> Choices:
+    """Each probe's choice by `decide(probe index)`, and the time that decision took: what a policy
+    is charged on top of the TTFT of its size (the net regret)."""
+    sizes, ms = {}, {}
+    for i in range(len(PROBES)):
+        start = time.perf_counter()
+        sizes[i] = decide(i)
+        ms[i] = (time.perf_counter() - start) * 1e3
+    return sizes, ms
 
 
-def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = None) -> tuple[dict[int, int], int]:
-    """(the served recipe's choice for each probe, asked as the engine asks; the prefills its
-    correction learnt from): the champion, corrected by the outcomes in `telemetry` as the service
-    loads it."""
+def regret(times: Times, choices: Choices, net: bool = False, seed: int = 0) -> tuple[float, float, float]:
+    """(mean regret over the probes, 95% interval): median TTFT of the choice (plus its decision's
+    time, if `net`) over the best size's."""
+    size, ms = choices
+    return bootstrapped(times, lambda i, med: (med[size[i]] + net * ms[i]) / min(med.values()) - 1, 1000, seed)
+
+
+def regret_gap(
+    times: Times, ours: Choices, theirs: Choices, net: bool = False, seed: int = 0
+) -> tuple[float, float, float]:
+    """(mean regret of `ours` - that of `theirs` over the probes, its 95% interval), paired; `net`:
+    each charged its own decision's time."""
+    (a, a_ms), (b, b_ms) = ours, theirs
+
+    def gap(i: int, med: dict[int, float]) -> float:
+        return (med[a[i]] - med[b[i]] + net * (a_ms[i] - b_ms[i])) / min(med.values())
+
+    return bootstrapped(times, gap, 2000, seed)
+
+
+def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = None) -> tuple[Choices, int]:
+    """(the served recipe's choice for each probe, asked as the engine asks, with the time of that
+    first decision; the prefills its correction learnt from): the champion, corrected by the outcomes
+    in `telemetry` as the service loads it, in this process (no HTTP: the in-process cost)."""
     predictor = load_predictor(uri, MODEL_NAME, CHAMPION)
     learnt = predictor.learn(past_outcomes(telemetry).outcomes) if telemetry is not None else 0
-    choices = {}
-    for i, (model, n, window, layout) in enumerate(PROBES):
+
+    def decide(i: int) -> int:
+        model, n, window, layout = PROBES[i]
         shape = PRESETS.get(model) or ModelShape.from_file(Path(model))
         attention = {"window": window, "layout": layout}
         request = ChunkRequest(context_length=n, model=shape, attention=attention, threads=threads, hardware=hardware)
-        choices[i] = predictor.decide(request).chunk_size
+        return predictor.decide(request).chunk_size
+
+    choices = timed(decide)
+    predictor.close()
     return choices, learnt
 
 
@@ -229,8 +258,9 @@ def main() -> None:
     threads = engines[MODELS[0]].runtime.threads
     hardware = local_hardware("float32", threads)
     times = probe_times(engines, args.probe_rounds, machine, args.probe_times)
-    fixed = {i: clamp_chunk(1024, n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
-    rule = {i: rule_size(n, w, lay) for i, (_, n, w, lay) in enumerate(PROBES)}
+    fixed = timed(lambda i: clamp_chunk(1024, *PROBES[i][1:]))
+    rule = timed(lambda i: rule_size(*PROBES[i][1:]))
+    simple = timed(lambda i: simple_rule(*PROBES[i][1:]))
     reference = regret(times, model_choices(reference_uri, hardware, threads)[0])
 
     port = free_port()
@@ -280,6 +310,7 @@ def main() -> None:
 
     print(f"\nprobe set: {len(PROBES)} prompts on this machine, mean regret vs the measured best [95% interval]")
     print(f"hand rule         {regret(times, rule)[0]:>7.1%}")
+    print(f"simple rule       {regret(times, simple)[0]:>7.1%}  (one shot without a window, else the hand rule)")
     print(f"fixed 1024        {regret(times, fixed)[0]:>7.1%}")
     print(
         f"reference         {reference[0]:>7.1%} [{reference[1]:.1%}, {reference[2]:.1%}]  (trained with this "
@@ -299,15 +330,22 @@ def main() -> None:
             )
         print(line)
     last = rows[-1]["choices"]
-    print(choices_table(times, {"rule": rule, "1024": fixed, "round 0": rows[0]["choices"], "last": last}))
+    policies = {"rule": rule, "simple": simple, "1024": fixed, "round 0": rows[0]["choices"], "last": last}
+    print(choices_table(times, {name: sizes for name, (sizes, _) in policies.items()}))
+    print(
+        f"first decision, median over the probes: the served recipe {np.median(list(last[1].values())):.3f} ms, "
+        f"the hand rule {np.median(list(rule[1].values())):.4f} ms"
+    )
     for name, theirs in (
         ("the hand rule", rule),
+        ("the simple rule", simple),
         ("fixed 1024", fixed),
         ("the served recipe at round 0", rows[0]["choices"]),
     ):
-        gap, low, high = regret_gap(times, last, theirs)
+        gross, net = regret_gap(times, last, theirs), regret_gap(times, last, theirs, net=True)
         print(
-            f"round {rows[-1]['round']} minus {name}: {gap:+.1%} of mean regret [95% interval {low:+.1%}, {high:+.1%}]"
+            f"round {rows[-1]['round']} minus {name}: {gross[0]:+.1%} of mean regret [95% interval {gross[1]:+.1%}, "
+            f"{gross[2]:+.1%}]; net of each one's first decision {net[0]:+.1%} [{net[1]:+.1%}, {net[2]:+.1%}]"
         )
     print(
         f"(round r: the champion after r retrains with its correction learnt from the `learnt` prefills of the "
@@ -332,6 +370,7 @@ def main() -> None:
         )
         lines = (
             ("hand rule", regret(times, rule)[0], "C1"),
+            ("simple rule", regret(times, simple)[0], "C4"),
             ("fixed 1024", regret(times, fixed)[0], "C2"),
             ("reference (full local profile)", reference[0], "C3"),
         )

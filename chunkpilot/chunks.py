@@ -1,12 +1,17 @@
 """Chunk arithmetic, one place for each fact: the hand rule and the size it lands on, what a config
 allows (ring: at most the window; at most the context), a size as a schedule, the candidates a
-config can run, and the quarter-octave buckets of length that share a decision."""
+config can run, the quarter-octave buckets of length that share a decision, and the cells and
+segments of lengths a decision table answers alike."""
 
 from __future__ import annotations
 
 import bisect
 import functools
 import math
+from collections.abc import Callable, Iterator
+from typing import Generic, NamedTuple, TypeVar
+
+T = TypeVar("T")
 
 # chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
 MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
@@ -123,7 +128,53 @@ def length_cell(context_length: int, sizes: tuple[int, ...], window: int | None)
         return n, n
     lo = edges[i - 1] if i else 0
     hi = edges[i] if i < len(edges) else MAX_CONTEXT + 1
+    if n > 1536:  # the multiples of 1024 on either side are edges too
+        lo, hi = max(lo, n // 1024 * 1024), min(hi, (n // 1024 + 1) * 1024)
     j = round(CELLS * math.log2(n))
     first = min(max(math.ceil(2 ** ((j - 0.5) / CELLS)), lo + 1), n)
     last = max(min(math.ceil(2 ** ((j + 0.5) / CELLS)) - 1, hi - 1), n)
-    return first + _own_cell(first), last - _own_cell(last)  # a multiple of 1024 at an end is its own
+    return first, last
+
+
+class Segment(NamedTuple, Generic[T]):
+    """Lengths first..last on which a decision is one (a decision table's entry, predictor.table):
+    decided at `low` and at `high`, (length, answer) pairs at or just outside its ends that agree."""
+
+    first: int
+    last: int
+    low: tuple[int, T]
+    high: tuple[int, T]
+
+    def nearer(self, n: int) -> tuple[int, T]:
+        """The decided end nearer `n` (in log length): the one to read n's answer from."""
+        return self.low if math.log(n / self.low[0]) <= math.log(self.high[0] / n) else self.high
+
+
+def segments(
+    decide: Callable[[int], T],
+    agree: Callable[[tuple[int, T], tuple[int, T]], bool],
+    first: int,
+    low: tuple[int, T],
+    high: tuple[int, T],
+    at: int | None = None,
+) -> Iterator[Segment[T]]:
+    """Lengths first..high's as segments of one decision, given `decide` at `low` (first or first - 1)
+    and at `high`: where the two disagree the choice flips in between, and the lengths are halved
+    (one decision each) until every segment's ends agree or it is one length, so that each length
+    gets the decision taken at it wherever a flip is found. `at`: only the segment holding that
+    length (log2 of the width decisions; the same ones the whole walk takes on its way there)."""
+    (a, _), (b, _) = low, high
+    if agree(low, high):
+        yield Segment(first, b, low, high)
+    elif b - a <= 1:
+        if first <= a and (at is None or at == a):
+            yield Segment(a, a, low, low)
+        if at is None or at == b:
+            yield Segment(b, b, high, high)
+    else:
+        m = (a + b) // 2
+        mid = (m, decide(m))
+        if at is None or at <= m:
+            yield from segments(decide, agree, first, low, mid, at)
+        if at is None or at > m:
+            yield from segments(decide, agree, m + 1, mid, high, at)

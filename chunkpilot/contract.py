@@ -13,10 +13,10 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from .chunks import MAX_CONTEXT, clamp_chunk, max_chunk
 
@@ -369,6 +369,16 @@ class Candidate(BaseModel):
     predicted_ttft_ms: float
 
 
+class Gain(NamedTuple):
+    """Another candidate and what measuring it is expected to save, both relative to the choice: what
+    exploring weighs. Relative, so that every length of a table segment shares its end's (a plain
+    tuple: a decision carries a dozen)."""
+
+    chunk_size: int | Literal["full"]  # "full": the whole prompt, whatever its length
+    ratio: float  # its predicted TTFT / the choice's
+    gain: float  # the expected saving of measuring it, as a share of the choice's predicted TTFT
+
+
 class ChunkResponse(BaseModel):
     """The service's answer to one request: what it decides, caches, sends and what the engine reads
     back. `gains` (each other candidate and the TTFT measuring it is expected to save, ms) stays in
@@ -384,14 +394,19 @@ class ChunkResponse(BaseModel):
     explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
     schedule: list[int] | None = None  # when asked: chunk sizes in order, by the per-chunk cost model
     deferred: bool = False  # do-no-harm kept the rule's size: the predicted saving was within the members' spread
-    _gains: tuple[tuple[Candidate, float], ...] = PrivateAttr(default=())
+    # the decision table's answer holds for every length first..last of its kind (a chunk_size equal
+    # to the length: each one's whole prompt); None: for this length only
+    span: tuple[int, int] | None = None
+    # a slot, not a PrivateAttr: read on every answer, and pydantic's private attributes cost
+    # microseconds each way; a copy (model_copy) or a parsed answer has none
+    __slots__ = ("_gains",)
 
     @property
-    def gains(self) -> tuple[tuple[Candidate, float], ...]:
-        return self._gains
+    def gains(self) -> tuple[Gain, ...]:
+        return getattr(self, "_gains", ())
 
-    def with_gains(self, gains: tuple[tuple[Candidate, float], ...]) -> ChunkResponse:
-        self._gains = gains
+    def with_gains(self, gains: tuple[Gain, ...]) -> ChunkResponse:
+        object.__setattr__(self, "_gains", gains)
         return self
 
 

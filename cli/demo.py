@@ -188,11 +188,14 @@ def compare_with_service(
         "hand rule": RulePolicy(),
         "simple rule": RulePolicy("simple-rule", simple_rule),
     }
+    cases = cases or PROMPTS
     try:
+        tabled = auto.warm_up([engine.features(c.tokens, c.attention) for c in cases])
+        print(f"the service's decision table answers {tabled} of {len(cases)} prompts (built before any timing)")
         result = evaluate(
             engine,
             policies,
-            cases or PROMPTS,
+            cases,
             [("auto", "hand rule"), ("auto", "fixed 1024"), ("auto", "simple rule")],
             full_rounds=FULL_ROUNDS,
             min_rounds=5,  # a bootstrap over 5 rounds has 126 distinct resamples

@@ -16,14 +16,14 @@ from chunkpilot.contract import AttentionConfig, RequestFeatures
 from .hardware import local_hardware
 from .models import DTYPES, shape_of
 from .policy import ChunkPolicy, Decision
-from .predictor_client import make_auto
+from .predictor_client import AutoPolicy, InProcessPolicy, make_auto
 
 
 def dtype_name(model: PreTrainedModel) -> str:
     return next((name for name, dtype in DTYPES.items() if dtype == model.dtype), "float32")
 
 
-def auto_policy(model: PreTrainedModel, predictor: str, timeout_s: float = 0.05) -> ChunkPolicy:
+def auto_policy(model: PreTrainedModel, predictor: str, timeout_s: float = 0.05) -> AutoPolicy | InProcessPolicy:
     """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
     hardware = local_hardware(dtype_name(model), torch.get_num_threads(), model.device.type)
     if predictor.startswith(("http://", "https://")):
@@ -31,15 +31,17 @@ def auto_policy(model: PreTrainedModel, predictor: str, timeout_s: float = 0.05)
     return make_auto(hardware, tracking=predictor)
 
 
-def prefill_chunk_size(model: PreTrainedModel, num_tokens: int, policy: ChunkPolicy) -> Decision:
-    """The decision for a prompt of `num_tokens` tokens on `model` (as `auto` makes it in the engine)."""
+def request_features(model: PreTrainedModel, num_tokens: int) -> RequestFeatures:
+    """What a policy decides on for a prompt of `num_tokens` tokens on `model`."""
     config = model.config
     window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
     attention = AttentionConfig(window=window or None)  # transformers' sliding layers: the shift layout
-    request = RequestFeatures(
-        num_tokens, shape_of(config), attention, dtype_name(model), torch.get_num_threads(), "sdpa"
-    )
-    return policy.choose(request)
+    return RequestFeatures(num_tokens, shape_of(config), attention, dtype_name(model), torch.get_num_threads(), "sdpa")
+
+
+def prefill_chunk_size(model: PreTrainedModel, num_tokens: int, policy: ChunkPolicy) -> Decision:
+    """The decision for a prompt of `num_tokens` tokens on `model` (as `auto` makes it in the engine)."""
+    return policy.choose(request_features(model, num_tokens))
 
 
 def chunked_generate(

@@ -1,11 +1,13 @@
 """The `auto` chunk-size policy: the engine's only way to the predictor. It asks the service over
-HTTP (keep-alive, short timeout) with this machine's measured descriptors, caches answers per
-decision-table cell (or exact length) and model version for a few seconds, and falls back to the hand rule on a timeout,
+HTTP (keep-alive, short timeout) with this machine's measured descriptors, caches each answer for
+the lengths it holds for (a decision-table segment, else its own length) and its model version for a
+few seconds, and falls back to the hand rule on a timeout,
 a refused connection, an error status or an infeasible answer, saying why; a circuit breaker stops
 asking after repeated failures and probes again later. An in-process variant loads the model."""
 
 from __future__ import annotations
 
+import bisect
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,7 +16,6 @@ from typing import TYPE_CHECKING
 import httpx
 from pydantic import ValidationError
 
-from chunkpilot.chunks import DEFAULT_CHUNKS, length_cell
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
@@ -24,16 +25,45 @@ from .telemetry import Reporter, outcome
 if TYPE_CHECKING:
     from .engine import TTFTResult
 
-DEFAULT_SIZES = tuple(c for c in DEFAULT_CHUNKS if c != "full")  # what the service's table keys on
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
+WARM_UP_S = 300.0  # a decision table builds in seconds per kind of request on one core
 
 
-def cache_keys(request: RequestFeatures) -> tuple[tuple, tuple]:
-    """(the key of this exact request, the key of its decision-table cell): an answer the service's
-    table gave holds for its whole cell (predictor.table), any other only for its own length."""
-    att, n = request.attention, request.context_length
-    kind = (request.model, att, request.dtype, request.threads, request.attn_impl)
-    return (n, *kind), (length_cell(n, DEFAULT_SIZES, att.window), *kind)
+def kind_of(request: RequestFeatures) -> tuple:
+    """Everything the service decides on but the context length (and this machine, the policy's own)."""
+    return request.model, request.attention, request.dtype, request.threads, request.attn_impl
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """An answer for the lengths first..last of a kind: a size, or `full` (each one's whole prompt)."""
+
+    first: int
+    last: int
+    chunk: int | str
+    schedule: tuple[int, ...] | None
+    at: float  # time.monotonic() when answered
+
+
+@dataclass
+class Answers:
+    """The service's answers per kind of request, each for its span of lengths, for `ttl_s`."""
+
+    ttl_s: float
+    kinds: dict[tuple, list[Remembered]] = field(default_factory=dict)  # sorted by first, disjoint
+
+    def get(self, request: RequestFeatures) -> Remembered | None:
+        n, spans = request.context_length, self.kinds.get(kind_of(request), [])
+        i = bisect.bisect_right(spans, n, key=lambda r: r.first) - 1
+        found = spans[i] if i >= 0 and spans[i].last >= n else None
+        return found if found is not None and time.monotonic() - found.at < self.ttl_s else None
+
+    def put(self, request: RequestFeatures, answer: Remembered) -> None:
+        """Kept in place of the answers it overlaps (a rebuilt table may draw other segments) and
+        of those past their time."""
+        now, spans = time.monotonic(), self.kinds.setdefault(kind_of(request), [])
+        spans[:] = [r for r in spans if (r.last < answer.first or r.first > answer.last) and now - r.at < self.ttl_s]
+        bisect.insort(spans, answer, key=lambda r: r.first)
 
 
 def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) -> ChunkRequest:
@@ -133,44 +163,65 @@ class AutoPolicy(Observing):
     def __post_init__(self) -> None:
         self.client = httpx.Client(base_url=self.url, timeout=self.timeout_s)  # keep-alive across prefills
         self.version: str | None = None  # the model version of the latest answer
-        # (version, key) -> (chunk, or "full" for a cell's whole prompts, schedule, when)
-        self.answers: dict[tuple, tuple[int | str, tuple[int, ...] | None, float]] = {}
+        self.answers = Answers(self.cache_ttl_s)  # the current version's
         self.last_error = "no answer yet"
 
     def choose(self, request: RequestFeatures) -> Decision:
-        exact, cell = cache_keys(request)
-        cached = self.answers.get((self.version, exact)) or self.answers.get((self.version, cell))
-        if cached is not None and time.monotonic() - cached[2] < self.cache_ttl_s:
-            chunk = request.context_length if cached[0] == "full" else cached[0]
-            return Decision(request.clamp(chunk), "cache", self.version, schedule=cached[1])
+        cached = self.answers.get(request)
+        if cached is not None:
+            chunk = request.context_length if cached.chunk == "full" else cached.chunk
+            return Decision(request.clamp(chunk), "cache", self.version, schedule=cached.schedule)
         if not self.breaker.allows():
             return fall_back(
                 request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"
             )
         try:
-            chunk, version, explored, schedule, tabled = self._ask(request)
+            answer = self._ask(request)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
             self.breaker.record(False)
             self.last_error = failure_reason(exc, self.url, self.timeout_s)
             return fall_back(request, self.last_error)
         self.breaker.record(True)
-        if version != self.version:  # a promotion: answers of the old model go
-            self.version, self.answers = version, {}
-        if not explored:  # an exploration is for this prefill only; a schedule, for its length
-            whole = tabled and schedule is None
-            kept = "full" if whole and chunk == request.context_length else chunk
-            self.answers[(version, cell if whole else exact)] = (kept, schedule, time.monotonic())
-        return Decision(chunk, "service", version, explored=explored, schedule=schedule)
+        if answer.model_version != self.version:  # a promotion: answers of the old model go
+            self.version, self.answers = answer.model_version, Answers(self.cache_ttl_s)
+        n, chunk = request.context_length, answer.chunk_size
+        schedule = None if answer.schedule is None else tuple(answer.schedule)  # checked by _ask
+        if not answer.explored:  # an exploration is for this prefill only
+            first, last = answer.span or (n, n)
+            kept = "full" if chunk == n else chunk
+            self.answers.put(request, Remembered(first, last, kept, schedule, time.monotonic()))
+        return Decision(chunk, "service", answer.model_version, explored=answer.explored, schedule=schedule)
 
-    def _ask(self, request: RequestFeatures) -> tuple[int, str, bool, tuple[int, ...] | None, bool]:
-        body = ask(request, self.hardware, self.schedule).model_dump(mode="json")
+    def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
+        """Ask about each request until the service answers it from its decision table (built in the
+        background when a kind is first seen: seconds of the service's cores, which would otherwise
+        share the machine with the first prefills), then forget the answers, so that the next
+        decisions are the steady state's. Returns how many the table answered before `timeout_s`
+        (0 at once from a service that builds no tables)."""
+        model = self.client.get("/v1/model")
+        model.raise_for_status()
+        if not model.json()["decision_table"]["builds"]:
+            return 0
+        end, waiting = time.monotonic() + timeout_s, list(requests)
+        while waiting and time.monotonic() < end:
+            waiting = [r for r in waiting if self._ask(r, schedule=False).source != "table"]
+            if waiting:
+                time.sleep(0.5)
+        self.answers = Answers(self.cache_ttl_s)
+        return len(requests) - len(waiting)
+
+    def _ask(self, request: RequestFeatures, schedule: bool | None = None) -> ChunkResponse:
+        body = ask(request, self.hardware, self.schedule if schedule is None else schedule).model_dump(mode="json")
         response = self.client.post("/v1/chunk-size", json=body)
         response.raise_for_status()
         answer = ChunkResponse.model_validate_json(response.content, strict=True)  # the service's own model
         if not 1 <= answer.chunk_size <= request.max_chunk:
             raise ValueError(f"infeasible chunk {answer.chunk_size} (allowed 1..{request.max_chunk})")
-        schedule = checked_schedule(answer.schedule, request)
-        return answer.chunk_size, answer.model_version, answer.explored, schedule, answer.source == "table"
+        n, span = request.context_length, answer.span
+        if span is not None and not span[0] <= n <= span[1]:
+            raise ValueError(f"span {list(span)} does not hold the asked length {n}")
+        checked_schedule(answer.schedule, request)
+        return answer
 
     def close(self) -> None:
         self.client.close()
@@ -203,6 +254,18 @@ class InProcessPolicy(Observing):
                 self.predictor.learn([self.predictor.check(reported)])
             except ValueError:  # an outcome the contract refuses teaches nothing (the service would refuse it too)
                 pass
+
+    def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
+        """As AutoPolicy.warm_up: each request's kind queued, and the table built (on this process's
+        cores) before the first prefill is timed. Returns how many the table answers."""
+        for r in requests:
+            self.predictor.tabled_answer(ask(r, self.hardware))  # a miss queues the kind
+        self.predictor.table.wait(timeout_s)
+        return sum(self.predictor.tabled_answer(ask(r, self.hardware)) is not None for r in requests)
+
+    def close(self) -> None:
+        self.predictor.close()  # its table's builder
+        super().close()
 
     def choose(self, request: RequestFeatures) -> Decision:
         from predictor.model import Infeasible

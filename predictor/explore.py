@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from chunkpilot.contract import ChunkResponse
+from chunkpilot.contract import ChunkResponse, Gain
 
 MIN_GAIN = 0.0005  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
 
@@ -35,21 +35,24 @@ class Explorer:
     def spent_share(self) -> float:
         return self.spent_ms / self.served_ms if self.served_ms else 0.0
 
-    def answer(self, best: ChunkResponse, shadow: int | None = None, key: str = "") -> ChunkResponse:
-        """`best`, or another candidate marked explored; `shadow` is the waiting challenger's choice,
-        `key` the kind of request."""
-        gains = {c.chunk_size: (c, gain) for c, gain in best.gains}
-        other, gain = gains.get(shadow) or max(gains.values(), key=lambda cg: cg[1], default=(None, 0.0))
+    def answer(self, best: ChunkResponse, n: int, shadow: int | None = None, key: str = "") -> ChunkResponse:
+        """`best` for a prompt of `n` tokens, or another candidate marked explored; `shadow` is the
+        waiting challenger's choice, `key` the kind of request."""
+
+        def size(g: Gain) -> int:
+            return n if g.chunk_size == "full" else g.chunk_size
+
         with self._lock:
             self.served_ms += best.predicted_ttft_ms
             if key in self._last:  # explored last time: this time the choice itself is measured
                 del self._last[key]
                 return best
-            if self.budget <= 0 or other is None:
+            if self.budget <= 0 or not best.gains:
                 return best
-            if other.chunk_size != shadow and gain < MIN_GAIN * best.predicted_ttft_ms:
+            other = next((g for g in best.gains if size(g) == shadow), None) or max(best.gains, key=lambda g: g.gain)
+            if size(other) != shadow and other.gain < MIN_GAIN:
                 return best  # the ensemble agrees the choice is best: nothing to learn worth a prefill
-            extra = max(other.predicted_ttft_ms - best.predicted_ttft_ms, 0.0)
+            extra = max(other.ratio - 1.0, 0.0) * best.predicted_ttft_ms
             if self.spent_ms + extra > self.budget * self.served_ms:
                 return best
             self.spent_ms += extra
@@ -58,5 +61,10 @@ class Explorer:
             if len(self._last) > self.memory:
                 self._last.popitem(last=False)
         return best.model_copy(
-            update={"chunk_size": other.chunk_size, "predicted_ttft_ms": other.predicted_ttft_ms, "explored": True}
+            update={
+                "chunk_size": size(other),
+                "predicted_ttft_ms": other.ratio * best.predicted_ttft_ms,
+                "explored": True,
+                "span": None,  # for this prefill only
+            }
         )

@@ -17,14 +17,14 @@ import numpy as np
 
 from chunkpilot import plausibility, registry
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
-from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome
+from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Gain, Hardware, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import base_log_ms, build
 from chunkpilot.recipe import Recipe, load_recipe
 
 from .schedule import best_schedule
-from .table import DecisionTable, full_as
+from .table import DecisionTable
 
 TOP = 5  # candidates returned with their predictions
 # a decision on the request path may cost at most this share of the TTFT it decides (by the analytic
@@ -98,27 +98,19 @@ class Predictor:
         self.table = DecisionTable(self.decide_at, self.tabled)
 
     def decide(self, request: ChunkRequest) -> ChunkResponse:
-        """The decision table's answer (predictor.table); where its cell is not built yet, or its ends
-        disagree, the recipe decides at this length if that is worth its cost (`affordable`), else
-        the cell's nearer end answers, or the hand rule. A schedule is priced for its own length,
-        always by the recipe."""
-        if request.schedule:
+        """The decision table's answer (predictor.table); where its segment is not built yet the
+        recipe decides at this length if that is worth its cost (`affordable`), else the hand rule
+        answers. A schedule is priced for its own length, always by the recipe."""
+        found = self.tabled_answer(request)
+        if found is not None:
+            return found
+        if request.schedule or self.affordable(request):
             return self.decide_at(request)
-        n = request.context_length
-        cell = self.table.lookup(request)
-        if cell is not None and cell.agreed:
-            end, answer = cell.nearer(n)
-            return full_as(answer, end, n, "table")
-        if self.affordable(request):
-            return self.decide_at(request)
-        if cell is not None:
-            end, answer = cell.nearer(n)
-            return full_as(answer, end, n, "table")
         return self.rule_answer(request)
 
-    def answers_at_once(self, request: ChunkRequest) -> bool:
-        """Whether `decide` is a table lookup (microseconds) for this request."""
-        return not request.schedule and self.table.built(request)
+    def tabled_answer(self, request: ChunkRequest) -> ChunkResponse | None:
+        """The table's answer if its segment is built: a lookup, microseconds (None: the kind is queued)."""
+        return None if request.schedule else self.table.lookup(request)
 
     def estimate_ms(self, request: ChunkRequest, chunk: int) -> float:
         """The analytic TTFT of one size (features.base_log_ms): what the budget weighs a decision against."""
@@ -188,7 +180,11 @@ class Predictor:
         candidate = [Candidate(chunk_size=c, predicted_ttft_ms=m) for c, m in zip(chunks, ms, strict=True)]
         gaps = (choice.log_ms - choice.log_ms[best]).tolist()
         gains = tuple(
-            (candidate[i], expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)) * ms[best])
+            Gain(
+                "full" if chunks[i] == n else chunks[i],
+                ms[i] / ms[best],
+                expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)),
+            )
             for i in order
             if i != best
         )

@@ -55,9 +55,8 @@ admin = APIRouter()
 async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
     # a table lookup costs microseconds: on the loop, no thread hop; a decision taken now costs
     # milliseconds, in the thread pool, so that the loop keeps answering /livez
-    if service.answers_at_once(body):
-        return service.decide(body)
-    return await run_in_threadpool(service.decide, body)
+    answer = service.decide_at_once(body)
+    return answer if answer is not None else await run_in_threadpool(service.decide, body)
 
 
 @router.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})

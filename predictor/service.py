@@ -148,20 +148,29 @@ class ServiceState:
             return None
         return found if found.waits and int(found.version) > int(champion.version) else None
 
-    def answers_at_once(self, request: ChunkRequest) -> bool:
-        """Whether deciding `request` costs only table lookups (the route answers it on the event loop)."""
-        challenger = self.challenger
-        return self.predictor.answers_at_once(request) and (challenger is None or challenger.answers_at_once(request))
+    def decide_at_once(self, request: ChunkRequest) -> ChunkResponse | None:
+        """The answer if the champion's table (and a waiting challenger's) holds it: microseconds,
+        for the event loop. None: `decide` must run (milliseconds, in the thread pool)."""
+        pick, challenger = self.predictor.tabled_answer(request), self.challenger
+        if pick is None:
+            return None
+        if challenger is None:
+            return self._served(request, pick, None)
+        theirs = challenger.tabled_answer(request)
+        return None if theirs is None else self._served(request, pick, theirs.chunk_size)
 
     def decide(self, request: ChunkRequest) -> ChunkResponse:
-        pick = self.predictor.decide(request)  # the model's own pick: exploring is decided per answer
-        challenger = self.challenger
+        pick, challenger = self.predictor.decide(request), self.challenger
+        shadow = None if challenger is None or request.schedule else challenger.decide(request).chunk_size
+        return self._served(request, pick, shadow)
+
+    def _served(self, request: ChunkRequest, pick: ChunkResponse, shadow: int | None) -> ChunkResponse:
+        """The model's own pick, or the one exploring answers instead (decided per answer), counted."""
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
             answer = pick
         else:
-            shadow = None if challenger is None else challenger.decide(request).chunk_size
             similar = f"{quarter_octave(request.context_length)}|{request.model_dump_json(exclude={'context_length'})}"
-            answer = self.explorer.answer(pick, shadow, similar)  # a quarter octave alike
+            answer = self.explorer.answer(pick, request.context_length, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()
         self.metrics.decisions.labels(size_label(answer.chunk_size, request.context_length), answer.source).inc()

@@ -1,18 +1,19 @@
 """The decision table: the recipe's answers per kind of request (everything but the context length)
-and cell of lengths (chunkpilot.chunks.length_cell), so that most decisions cost a dict lookup.
+as segments of lengths, so that most decisions cost a dict lookup and a bisection.
 
-The recipe decides each cell at its first and last length. Where the two agree (the same size, or
-both `full`, the whole prompt), that is the answer for every length of the cell, its predicted TTFTs
-the nearer end's scaled by n / end (lengths of a cell are within 1.1% of each other, a tenth of the
-held-out TTFT error). Where they differ the choice flips inside the cell, and the recipe decides
-at the exact length (the predictor's budget permitting, else the nearer end answers). Training's
-cross-validation scores exactly this (training/served.py): what is judged is what is served. A
-kind's cells are built by one background thread when the kind is first seen, and rebuilt when the
-correction has learnt, the old answers serving meanwhile.
+The recipe decides each cell of lengths (chunkpilot.chunks.length_cell) at its first and last
+length; where the two disagree the choice flips inside, and the cell is halved until every
+segment's ends agree (chunkpilot.chunks.segments), so that a flip is found where the recipe makes
+it. A segment answers its ends' decision for every length in it, its predicted TTFTs the nearer
+end's scaled by n / end (the lengths of a cell are within 1.1% of each other, a tenth of the
+held-out TTFT error). Training's cross-validation scores exactly this path (training/served.py):
+what is judged is what is served. A kind's segments are built by one background thread when the
+kind is first seen, and rebuilt when the correction has learnt, the old answers serving meanwhile.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -20,21 +21,27 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from chunkpilot.chunks import CELLS, DEFAULT_CHUNKS, EXACT_BELOW, MAX_CONTEXT, RULE_EDGES, length_cell
+from chunkpilot.chunks import (
+    CELLS,
+    DEFAULT_CHUNKS,
+    EXACT_BELOW,
+    MAX_CONTEXT,
+    RULE_EDGES,
+    Segment,
+    length_cell,
+    segments,
+)
 from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse
 
 MAX_KINDS = 64  # kinds kept (least recently asked go first): a client inventing kinds costs memory only so far
 REBUILD_S = 30.0  # a kind is rebuilt after a learn at most this often: a build costs seconds of one core
 MIN_RANGE = 1 << 15  # a kind's cells are built up to the next power of two over twice its longest prompt, at least this
 
+Decided = tuple[int, ChunkResponse]  # a length and the recipe's answer there
+
 
 def numeric_candidates(request: ChunkRequest) -> tuple[int, ...]:
     return tuple(sorted({int(c) for c in (request.candidates or DEFAULT_CHUNKS) if c != "full"}))
-
-
-def cell_of(request: ChunkRequest) -> tuple[int, int]:
-    """The (first, last) length of the request's cell."""
-    return length_cell(request.context_length, numeric_candidates(request), request.attention.window)
 
 
 def kind_of(request: ChunkRequest) -> str:
@@ -53,62 +60,53 @@ def cells(request: ChunkRequest, longest: int) -> list[tuple[int, int]]:
     return sorted({length_cell(n, sizes, window) for n in seeds if 1 <= n <= longest})
 
 
-def full_as(answer: ChunkResponse, end: int, n: int, source: str) -> ChunkResponse:
-    """The answer decided at length `end` for a prompt of `n` tokens of the same cell: `full` read
-    as n, predictions scaled by n / end."""
-    if n == end:
-        return answer.model_copy(update={"source": source}).with_gains(answer.gains)
+def agree(low: Decided, high: Decided) -> bool:
+    """Whether two lengths' answers are one decision: the same size, or each its whole prompt."""
+    (a, at_a), (b, at_b) = low, high
+    return at_a.chunk_size == at_b.chunk_size or (at_a.chunk_size == a and at_b.chunk_size == b)
+
+
+def answer_at(segment: Segment[ChunkResponse], n: int) -> ChunkResponse:
+    """The segment's answer for a prompt of `n` tokens: its nearer end's, the whole prompt read as
+    n, predictions scaled by n / end."""
+    end, answer = segment.nearer(n)
     f = n / end
 
-    def moved(c: Candidate) -> Candidate:
-        size = n if c.chunk_size == end else c.chunk_size
-        return Candidate.model_construct(chunk_size=size, predicted_ttft_ms=c.predicted_ttft_ms * f)
+    def moved(c: Candidate) -> dict[str, float]:
+        return {"chunk_size": n if c.chunk_size == end else c.chunk_size, "predicted_ttft_ms": c.predicted_ttft_ms * f}
 
-    out = answer.model_copy(
-        update={
+    return ChunkResponse.model_validate(  # one validation of plain data: pydantic's fastest way in
+        {
             "chunk_size": n if answer.chunk_size == end else answer.chunk_size,
             "predicted_ttft_ms": answer.predicted_ttft_ms * f,
             "top": [moved(c) for c in answer.top],
             "rule": moved(answer.rule),
-            "source": source,
+            "model_version": answer.model_version,
+            "source": "table",
+            "deferred": answer.deferred,
+            "span": (segment.first, segment.last),
         }
-    )
-    return out.with_gains(tuple((moved(c), gain * f) for c, gain in answer.gains))
-
-
-@dataclass(frozen=True)
-class Cell:
-    """A cell's two ends and the recipe's answer at each."""
-
-    first: int
-    last: int
-    at_first: ChunkResponse
-    at_last: ChunkResponse
-
-    @property
-    def agreed(self) -> bool:
-        """Whether the ends chose alike: the same size, or each its whole prompt."""
-        a, b = self.at_first.chunk_size, self.at_last.chunk_size
-        return a == b or (a == self.first and b == self.last)
-
-    def nearer(self, n: int) -> tuple[int, ChunkResponse]:
-        if math.log(n / self.first) <= math.log(self.last / n):
-            return self.first, self.at_first
-        return self.last, self.at_last
+    ).with_gains(answer.gains)  # relative: the end's hold here
 
 
 @dataclass
 class Kind:
     request: ChunkRequest  # one request of the kind: the others differ only in context length
-    longest: int  # its cells are built up to here
-    answers: dict[int, Cell]  # a cell's first length -> the cell
+    longest: int  # its segments are built up to here
+    # (each segment's first length, the segments), sorted: one attribute, swapped whole by a build
+    entries: tuple[list[int], list[Segment[ChunkResponse]]]
     generation: int  # the correction's state its answers were built with; -1: never built (or extended)
     asked: bool = True  # asked about since its last build: only such kinds are rebuilt after a learn
     built_at: float = -math.inf
 
+    def segment(self, n: int) -> Segment[ChunkResponse] | None:
+        starts, found = self.entries
+        i = bisect.bisect_right(starts, n) - 1
+        return found[i] if i >= 0 and found[i].last >= n else None  # a gap: lengths no candidate fits
+
 
 class DecisionTable:
-    """Kinds of request -> their cells' answers, and the thread that builds them."""
+    """Kinds of request -> their segments' answers, and the thread that builds them."""
 
     def __init__(self, decide_at: Callable[[ChunkRequest], ChunkResponse], builds: bool = True) -> None:
         self.decide_at = decide_at  # the recipe's decision at exactly a request's length
@@ -120,23 +118,17 @@ class DecisionTable:
         self.builder: threading.Thread | None = None
         self.built_s: deque[float] = deque(maxlen=256)  # seconds per kind built, the latest (the benchmark reads them)
 
-    def lookup(self, request: ChunkRequest) -> Cell | None:
-        """The request's cell if built. A new kind, or a length past the built range, is queued."""
-        key = kind_of(request)
+    def lookup(self, request: ChunkRequest) -> ChunkResponse | None:
+        """The table's answer for the request, if its segment is built. A new kind, or a length past
+        the built range, is queued."""
+        key, n = kind_of(request), request.context_length
         kind = self.kinds.get(key)
-        if kind is None or request.context_length > kind.longest:
+        if kind is None or n > kind.longest:
             self._want(key, request)
         else:
             kind.asked = True
-        return None if kind is None else kind.answers.get(cell_of(request)[0])
-
-    def built(self, request: ChunkRequest) -> bool:
-        """Whether the request's cell is built and agreed: `lookup` answers it (nothing is queued)."""
-        kind = self.kinds.get(kind_of(request))
-        if kind is None or request.context_length > kind.longest:
-            return False
-        found = kind.answers.get(cell_of(request)[0])
-        return found is not None and found.agreed
+        found = None if kind is None else kind.segment(n)
+        return None if found is None else answer_at(found, n)
 
     def learnt(self) -> None:
         """The correction changed: the kinds asked about since they were built are rebuilt, each at
@@ -152,7 +144,7 @@ class DecisionTable:
             kind = self.kinds.get(key)
             longest = min(max(MIN_RANGE, 1 << (2 * request.context_length - 1).bit_length()), MAX_CONTEXT)
             if kind is None:
-                self.kinds[key] = Kind(request, longest, {}, -1)
+                self.kinds[key] = Kind(request, longest, ([], []), -1)
                 while len(self.kinds) > MAX_KINDS:
                     self.kinds.popitem(last=False)
             elif request.context_length > kind.longest:
@@ -186,27 +178,31 @@ class DecisionTable:
         while (kind := self._next()) is not None:
             generation, longest, start = self.generation, kind.longest, time.perf_counter()
             kind.asked = False
-            answers = dict(self._answers(kind, longest))
-            kind.answers = answers  # one swap: readers see the old answers or the new
+            found = list(self._segments(kind.request, longest))
+            kind.entries = ([s.first for s in found], found)  # one swap: readers see the old answers or the new
             kind.generation = generation if kind.longest == longest else -1  # extended meanwhile: again
             kind.built_at = time.monotonic()
             self.built_s.append(time.perf_counter() - start)
 
-    def _answers(self, kind: Kind, longest: int) -> Iterator[tuple[int, Cell]]:
-        for first, last in cells(kind.request, longest):
-            try:
-                ends = [self.decide_at(kind.request.model_copy(update={"context_length": n})) for n in (first, last)]
+    def _segments(self, request: ChunkRequest, longest: int) -> Iterator[Segment[ChunkResponse]]:
+        def decide(n: int) -> ChunkResponse:
+            return self.decide_at(request.model_copy(update={"context_length": n}))
+
+        for first, last in cells(request, longest):
+            try:  # feasibility only grows with the length: a cell whose first length fits fits whole
+                yield from segments(decide, agree, first, (first, decide(first)), (last, decide(last)))
             except ValueError:  # a cell no candidate fits (the error is the request path's to give)
                 continue
-            yield first, Cell(first, last, *ends)
 
     def summary(self) -> dict:
-        """What GET /v1/model shows: kinds known and built, cells built, the latest build's seconds."""
+        """What GET /v1/model shows: whether it builds, kinds known and built, segments built, the
+        latest build's seconds."""
         kinds = list(self.kinds.values())
         return {
+            "builds": self.builds,
             "kinds": len(kinds),
             "kinds_built": sum(k.generation != -1 for k in kinds),
-            "cells": sum(len(k.answers) for k in kinds),
+            "segments": sum(len(k.entries[0]) for k in kinds),
             "last_build_s": round(self.built_s[-1], 3) if self.built_s else None,
         }
 

@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse
 from servers import free_port, serve
 
 from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
-from engine.predictor_client import AutoPolicy, Breaker, InProcessPolicy, cache_keys
+from engine.predictor_client import Answers, AutoPolicy, Breaker, InProcessPolicy, Remembered
 from predictor.app import create_app
 from predictor.settings import Settings
 
@@ -69,6 +69,18 @@ def test_round_trip_model_then_table(server):
     assert "chunkpilot_model_version 1.0" in metrics
 
 
+def test_warming_up_a_service_that_builds_no_tables_asks_nothing(server):
+    def decisions() -> float:
+        lines = httpx.get(f"{server}/metrics").text.splitlines()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("chunkpilot_decisions_total"))
+
+    auto, before = AutoPolicy(server, 5.0, Hardware(**HARDWARE)), decisions()
+    assert httpx.get(f"{server}/v1/model").json()["decision_table"]["builds"] is False  # the tests' servers
+    assert auto.warm_up([RequestFeatures(context_length=3000, model="llama-tiny")]) == 0
+    assert decisions() == before  # not one question asked
+    auto.close()
+
+
 def test_profiled_hardware_id_and_shape_fields(server, small_dataset):
     import pandas as pd
 
@@ -115,17 +127,29 @@ def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> R
     return RequestFeatures(n, PRESETS["llama-tiny"], AttentionConfig(window, layout), "float32", 2, "sdpa")
 
 
-def test_auto_asks_once_per_length_or_table_cell_then_uses_its_cache(server):
+def test_auto_asks_once_per_length_or_table_segment_then_uses_its_cache(server):
     policy = AutoPolicy(server, 2.0, HARDWARE)
     first, second, other = policy.choose(features(3000)), policy.choose(features(3000)), policy.choose(features(8000))
     assert (first.source, second.source, other.source) == ("service", "cache", "service")
     assert first.model_version == "1" and first.chunk_size == second.chunk_size
-    # an answer from the service's decision table holds for its cell: `full` as each prompt's own length
-    policy.answers = {(policy.version, cache_keys(features(3000))[1]): ("full", None, time.monotonic())}
+    # an answer from the service's decision table holds for its span: `full` as each prompt's own length
+    policy.answers.put(features(3000), Remembered(2990, 3010, "full", None, time.monotonic()))
     assert (policy.choose(features(3001)).chunk_size, policy.choose(features(3001)).source) == (512, "cache")
+    assert policy.choose(features(3011)).source == "service"  # past the span: asked
     wide = features(3001, None, "shift")
-    policy.answers = {(policy.version, cache_keys(wide)[1]): ("full", None, time.monotonic())}
+    policy.answers.put(wide, Remembered(2990, 3010, "full", None, time.monotonic()))
     assert policy.choose(wide).chunk_size == 3001
+
+
+def test_cached_answers_replace_those_they_overlap_and_expire():
+    """Unit test, no service: the cache alone."""
+    answers, now = Answers(ttl_s=5.0), time.monotonic()
+    answers.put(features(3000), Remembered(2990, 3010, 512, None, now))
+    answers.put(features(3000), Remembered(3005, 3020, 256, None, now))  # a rebuilt table's other segment
+    assert answers.get(features(3000)) is None and answers.get(features(3006)).chunk == 256
+    assert answers.get(features(3006, None, "shift")) is None  # another kind
+    answers.put(features(4000), Remembered(4000, 4000, 384, None, now - 6.0))
+    assert answers.get(features(4000)) is None  # past its time
 
 
 def test_engine_prefill_with_auto_records_the_decision(server, engines):

@@ -1,14 +1,16 @@
-"""The decision table: lengths share a cell only where nothing the decision depends on changes, the
-table's choice is the recipe's own on every config of the shipped data (what is judged is what is
-served), and the service answers from it, from the recipe or from the hand rule as its budget says."""
+"""The decision table: lengths share a cell only where nothing the decision depends on changes, a
+cell whose ends disagree is halved until the flip is found, the table's choice is the recipe's own
+on every config of the shipped data (what is judged is what is served), and the service answers from
+it, from the recipe or from the hand rule as its budget says."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
-from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, length_cell, rule_candidate
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, length_cell, rule_candidate, segments
 from chunkpilot.contract import ChunkRequest
 from chunkpilot.recipe import make_recipe
 from training.data import load_table
@@ -19,10 +21,13 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.mark.parametrize(("window", "layout"), [(None, "shift"), (1000, "ring"), (700, "shift")])
-def test_every_length_of_a_cell_has_the_same_candidates_and_rule(window, layout):
+def test_cells_tile_the_lengths_and_share_their_candidates_and_rule(window, layout):
+    previous = (0, 0)
     for n in range(1, 20_000):
         first, last = length_cell(n, SIZES, window)
         assert first <= n <= last
+        assert (first, last) == previous or first == previous[1] + 1 == n  # the same cell, or the next
+        previous = (first, last)
         labels = {}
         for m in (first, n, last):
             feasible, _ = feasible_chunks(DEFAULT_CHUNKS, m, window, layout)
@@ -39,10 +44,30 @@ def test_edges_and_the_hand_rules_own_lengths_are_cells_of_their_own():
     assert last / first < 1.012  # a cell spans at most 1/64 of an octave
 
 
+def test_a_cell_whose_ends_disagree_is_halved_until_each_flip_is_found():
+    """A stand-in decision (unit test): 512 up to 1,037 tokens, 384 from there to 1,070, 256 after."""
+    asked = []
+
+    def decide(n: int) -> int:
+        asked.append(n)
+        return 512 if n < 1038 else 384 if n < 1071 else 256
+
+    def same(low: tuple[int, int], high: tuple[int, int]) -> bool:
+        return low[1] == high[1]
+
+    found = list(segments(decide, same, 1025, (1025, 512), (1100, 256)))
+    assert len(asked) <= 2 * 7  # two flips, each found in log2(76) halvings
+    assert [n for s in found for n in range(s.first, s.last + 1)] == list(range(1025, 1101))  # each length once
+    assert all(s.low[1] == s.high[1] == decide(n) for s in found for n in range(s.first, s.last + 1))
+    asked.clear()
+    (one,) = segments(decide, same, 1025, (1025, 512), (1100, 256), at=1050)  # only the segment of 1,050
+    assert one in found and one.first <= 1050 <= one.last and len(asked) <= 7
+
+
 @pytest.mark.slow
 def test_the_tables_choice_is_the_recipes_on_every_held_out_config_of_the_shipped_data():
-    """Each half of the shipped configs held out in turn: the decision table's choice (cells decided
-    at both ends) equals the recipe's choice at the exact length on every one of them."""
+    """Each half of the shipped configs held out in turn: the decision table's choice (its length's
+    segment, read from the nearer end) equals the recipe's choice at the exact length on every one."""
     table = load_table(DATA)
     groups = table.configs.group.to_numpy()
     compared = 0
@@ -62,18 +87,54 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_ru
     machine = {"matmul_gflops": 100.0, "bandwidth_gbs": 10.0, "call_overhead_ms": 0.05, "cores": 2}
     ask = ChunkRequest(context_length=3000, model="llama-tiny", hardware=machine)
     first = predictor.decide(ask)  # a new kind: the recipe decides now, the table builds behind
-    assert first.source == "model"
+    assert (first.source, first.span) == ("model", None)
     assert predictor.table.wait(120)
     for n in (3001, 2950, 4500, 12_345, 700):
         request = ask.model_copy(update={"context_length": n})
         answer, exact = predictor.decide(request), predictor.decide_at(request)
-        assert answer.source in {"table", "model"}  # "model": a cell whose ends chose differently
+        assert answer.source == "table" and answer.span[0] <= n <= answer.span[1]
         assert answer.chunk_size == exact.chunk_size, n
         assert answer.predicted_ttft_ms == pytest.approx(exact.predicted_ttft_ms, rel=0.05)
-    sources = [predictor.decide(ask.model_copy(update={"context_length": n})).source for n in range(2000, 2100)]
-    assert sources.count("table") > 90
+    # every length of a built kind, flips included: the recipe's own choice, but where the recipe's
+    # choice flips back inside a segment whose ends agree: there its two sizes are a near tie
+    same = 0
+    for n in range(2000, 2100):
+        request = ask.model_copy(update={"context_length": n})
+        answer, exact = predictor.decide(request), predictor.decide_at(request)
+        same += answer.chunk_size == exact.chunk_size
+        predicted = {c.chunk_size: c.predicted_ttft_ms for c in exact.top}
+        assert predicted.get(answer.chunk_size, math.inf) <= 1.005 * exact.predicted_ttft_ms, n
+    assert same >= 95
     # a decision that would cost more than its share of the TTFT: a new kind is answered by the rule
     predictor.decision_ms = 1e6
     other = predictor.decide(ask.model_copy(update={"threads": 2}))
-    assert (other.source, other.chunk_size) == ("rule", 768)
+    assert (other.source, other.chunk_size, other.span) == ("rule", 768, None)
     predictor.close()
+
+
+@pytest.mark.slow
+def test_warming_up_builds_the_tables_before_the_first_timed_prefill(trained_store, monkeypatch):
+    """A comparison (or an engine starting) warms `auto` up: each kind's table is built before any
+    prefill is timed, so that no build shares the cores with one, and the answers it got are forgotten."""
+    from servers import serve
+
+    from chunkpilot.contract import AttentionConfig, Hardware, RequestFeatures
+    from engine.predictor_client import AutoPolicy, make_auto
+    from predictor.app import create_app
+    from predictor.settings import Settings
+
+    monkeypatch.setenv("CHUNKPILOT_DECISION_TABLE", "1")
+    machine = Hardware(matmul_gflops=100.0, bandwidth_gbs=10.0, call_overhead_ms=0.05, cores=2)
+    ring = AttentionConfig(window=512, layout="ring")
+    prompts = [RequestFeatures(context_length=n, model="llama-tiny", attention=ring, threads=2) for n in (3000, 6000)]
+    later = prompts[0].model_copy(update={"context_length": 4321})
+    with serve(create_app(Settings(tracking_uri=trained_store, poll_interval_s=0))) as url:
+        auto = AutoPolicy(url, 5.0, machine)
+        assert auto.warm_up(prompts, timeout_s=240) == 2  # one kind, both lengths answered from its table
+        assert auto.answers.get(prompts[0]) is None  # forgotten: the next decision is the steady state's
+        assert auto._ask(later).source == "table"
+        auto.close()
+    local = make_auto(machine, tracking=trained_store)
+    assert local.warm_up(prompts, timeout_s=240) == 2
+    assert local.predictor.tabled_answer(ChunkRequest(**dict(later), hardware=machine)) is not None
+    local.close()

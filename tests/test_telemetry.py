@@ -25,6 +25,7 @@ from predictor.app import create_app
 from predictor.settings import Settings
 from training.data import load_table, merge_telemetry
 
+N = 2048  # the prompt length the explorer's answers are for
 HARDWARE = Hardware(
     hardware_id="telemetry-test", matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9, cores=2
 )
@@ -189,41 +190,43 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
     import math
 
-    from chunkpilot.contract import Candidate, ChunkResponse
+    from chunkpilot.contract import Candidate, ChunkResponse, Gain
     from predictor.model import expected_gain
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
-    gain = expected_gain(math.log(other_ms / best_ms), sd) * best_ms
+    gain = expected_gain(math.log(other_ms / best_ms), sd)
     answer = ChunkResponse(
         chunk_size=512, predicted_ttft_ms=best_ms, top=top, rule=top[1], model_version="1", source="model"
     )
-    return answer.with_gains(((top[1], gain),))
+    return answer.with_gains((Gain(768, other_ms / best_ms, gain),))
 
 
 def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expected_to_gain():
     from predictor.explore import Explorer
 
     explorer = Explorer(budget=0.01)
-    answers = [explorer.answer(answer_with_runner_up(100.0, 105.0)) for _ in range(1000)]
+    answers = [explorer.answer(answer_with_runner_up(100.0, 105.0), N) for _ in range(1000)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 1000 and all(a.chunk_size == 768 for a in explored)
-    assert explorer.spent_ms == 5.0 * len(explored) and explorer.spent_share <= 0.01  # the budget holds
+    assert explorer.spent_ms == pytest.approx(5.0 * len(explored)) and explorer.spent_share <= 0.01  # the budget holds
     sure = Explorer(budget=0.5)  # the members agree the runner-up is 50% slower: nothing to gain
-    assert not any(sure.answer(answer_with_runner_up(100.0, 150.0, sd=0.02)).explored for _ in range(100))
+    assert not any(sure.answer(answer_with_runner_up(100.0, 150.0, sd=0.02), N).explored for _ in range(100))
     off = Explorer(budget=0.0)
-    assert not any(off.answer(answer_with_runner_up(100.0, 100.5)).explored for _ in range(100))
+    assert not any(off.answer(answer_with_runner_up(100.0, 100.5), N).explored for _ in range(100))
 
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
-    from chunkpilot.contract import Candidate, ChunkResponse
+    from chunkpilot.contract import Candidate, ChunkResponse, Gain
     from predictor.explore import Explorer
 
     sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
     # the runner-up (768) is 1% slower but the members agree; 256 is 10% slower but they disagree widely
     answer = ChunkResponse(
         chunk_size=512, predicted_ttft_ms=100.0, top=sizes, rule=sizes[0], model_version="1", source="model"
-    ).with_gains(((sizes[1], 0.3), (sizes[2], 4.0)))
-    assert Explorer(budget=0.5).answer(answer).chunk_size == 256
+    ).with_gains((Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
+    assert Explorer(budget=0.5).answer(answer, N).chunk_size == 256
+    whole = answer.with_gains((Gain("full", 1.1, 0.04),))  # the whole prompt: its length, whatever it is
+    assert Explorer(budget=0.5).answer(whole, N).chunk_size == N
 
 
 def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget():
@@ -231,13 +234,13 @@ def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget()
 
     explorer = Explorer(budget=0.05)
     # the model is sure (a 30% gap), but a challenger picks the other size: worth measuring, if affordable
-    answers = [explorer.answer(answer_with_runner_up(100.0, 130.0, sd=0.02), shadow=768) for _ in range(200)]
+    answers = [explorer.answer(answer_with_runner_up(100.0, 130.0, sd=0.02), N, shadow=768) for _ in range(200)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 200 and all(a.chunk_size == 768 for a in explored)
     assert explorer.spent_share <= 0.05
     agreeing = Explorer(budget=0.5)  # a challenger that agrees (or picks outside the top) changes nothing
     sure = answer_with_runner_up(100.0, 130.0, sd=0.02)
-    assert not any(agreeing.answer(sure, shadow=s).explored for s in (512, 64))
+    assert not any(agreeing.answer(sure, N, shadow=s).explored for s in (512, 64))
 
 
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):

@@ -4,14 +4,13 @@ rule's candidate, exactly as predictor/model.py asks. Recipes that share a cost 
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from chunkpilot.chunks import length_cell, rule_candidate
+from chunkpilot.chunks import length_cell, rule_candidate, segments
 from chunkpilot.features import INPUT_COLUMNS, build
 from chunkpilot.recipe import Recipe, load_recipe, make_recipe
 
@@ -35,16 +34,22 @@ def _choose_at(recipe: Recipe, r: pd.DataFrame, members: np.ndarray, length: int
 def choose_groups(recipe: Recipe, test: Table, table: bool = True) -> HeldOutChoices:
     """The recipe's choice for every config of `test` among its measured sizes (the one measured as
     the whole prompt being `full`), as the service answers from its decision table (predictor.table):
-    the choice at both ends of the length's cell where they agree, else at the exact length;
-    `table=False`: always at the exact length (what the table must agree with)."""
+    the decision of the length's segment of its cell (its cell's ends, halved where they disagree
+    down to segments whose ends agree), read from the segment's nearer end; `table=False`: always
+    at the exact length (what the table must agree with)."""
     members = recipe.members(test.x)  # [K, rows]: a row's prediction does not depend on its batch
     chunks, deferred = {}, set()
     for g, r in test.rows.groupby("group", sort=False):
         m, n, window = members[:, r.index.to_numpy()], int(r.iloc[0].context_length), int(r.iloc[0].window) or None
-        ends = length_cell(n, tuple(sorted(r.chunk_size[~r.is_full].tolist())), window) if table else (n, n)
-        (a, a_deferred), (b, b_deferred) = (_choose_at(recipe, r, m, end) for end in ends)
-        nearer = a_deferred if math.log(n / ends[0]) <= math.log(ends[1] / n) else b_deferred  # Cell.nearer
-        index, was_deferred = (a, nearer) if a == b else _choose_at(recipe, r, m, n)
+        first, last = length_cell(n, tuple(sorted(r.chunk_size[~r.is_full].tolist())), window) if table else (n, n)
+
+        def decide(length: int, r: pd.DataFrame = r, m: np.ndarray = m) -> tuple[int, bool]:
+            return _choose_at(recipe, r, m, length)
+
+        low = (first, decide(first))
+        high = low if last == first else (last, decide(last))
+        found = next(segments(decide, lambda a, b: a[1][0] == b[1][0], first, low, high, at=n))
+        index, was_deferred = found.nearer(n)[1]
         chunks[g] = r.chunk_size.tolist()[index]
         if was_deferred:
             deferred.add(g)
