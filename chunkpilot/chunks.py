@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
@@ -30,11 +30,6 @@ def hand_rule(context_length: int) -> int:
 def max_chunk(context_length: int, window: int | None, layout: str) -> int:
     """The largest chunk that is both useful (<= context) and allowed (ring: <= window)."""
     return min(context_length, window) if layout == "ring" and window else context_length
-
-
-def quarter_octave(context_length: int) -> int:
-    """Lengths this close share a decision (the engine's answer cache) and a kind of request (exploring)."""
-    return round(4 * math.log2(context_length))
 
 
 def spread_positions(count: int, context_length: int) -> list[int]:
@@ -67,13 +62,19 @@ def simple_rule(context_length: int, window: int | None, layout: str) -> int:
     return context_length if window is None else rule_size(context_length, window, layout)
 
 
-def rule_candidate(sizes: list[int], context_length: int, window: int | None, layout: str) -> int:
-    """The candidate the hand rule lands on: its size cut to what the config allows, else the largest
-    candidate below that, else the smallest. The one place the rule meets a list of candidates:
-    training scores it, and the recipe's do-no-harm and the service's answer use it."""
-    rule = rule_size(context_length, window, layout)
-    below = [size for size in sizes if size <= rule]
+def landed(sizes: Iterable[int], chunk: int) -> int:
+    """The candidate a size lands on among `sizes` (those measured, or offered): itself, else the
+    largest below it, else the smallest. How a fixed size or a rule is scored on measured data,
+    one way for the profiler's summary and for training."""
+    sizes = [int(size) for size in sizes]
+    below = [size for size in sizes if size <= chunk]
     return max(below) if below else min(sizes)
+
+
+def rule_candidate(sizes: Iterable[int], context_length: int, window: int | None, layout: str) -> int:
+    """The candidate the hand rule lands on: training scores it, and the recipe's do-no-harm and the
+    service's answer use it."""
+    return landed(sizes, rule_size(context_length, window, layout))
 
 
 def feasible_chunks(

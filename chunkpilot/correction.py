@@ -39,6 +39,7 @@ import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .contract import SHAPE_COLUMNS
 from .features import FEATURES, RUNTIME
@@ -58,9 +59,10 @@ def kinds(config: np.ndarray) -> list[tuple[float, ...]]:
 _W, _C = FEATURES.index("window"), FEATURES.index("chunk_size")
 
 
-def size_bucket(q: np.ndarray) -> np.ndarray:
-    """A quarter octave of tokens (0 for none: a window of 0 is no window)."""
-    return np.round(4 * np.log2(np.maximum(q, 1))).astype(int)
+def quarter_octave(tokens: ArrayLike) -> np.ndarray:
+    """A quarter octave of tokens, elementwise (0 for none: a window of 0 is no window): lengths this
+    close are alike, to the correction and to exploring (predictor.explore: one kind of request)."""
+    return np.round(4 * np.log2(np.maximum(tokens, 1))).astype(int)
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ class Correction:
         (each clipped to +-CLIP). Builds the next snapshot from copies, then publishes it."""
         residual = np.clip(residual, -CLIP, CLIP)
         kind = kinds(config[:1])[0]
-        window = int(size_bucket(config[:1, _W])[0])
-        buckets = size_bucket(q)
+        window = int(quarter_octave(config[:1, _W])[0])
+        buckets = quarter_octave(q)
         with self._writer:
             old = self.learnt
             level, sized, squares = dict(old.level), dict(old.sized), dict(old.squares)
@@ -109,7 +111,7 @@ class Correction:
         out = np.zeros(len(q))
         if not learnt.prefills:
             return out
-        buckets, windows = size_bucket(q).tolist(), size_bucket(config[:, _W]).tolist()
+        buckets, windows = quarter_octave(q).tolist(), quarter_octave(config[:, _W]).tolist()
         for i, (kind, w, b) in enumerate(zip(kinds(config), windows, buckets, strict=True)):
             total, count = learnt.level.get(kind, (0.0, 0.0))
             mean = total / (count + self.prior)
@@ -134,7 +136,7 @@ class Correction:
         kind = kinds(x[:1])[0]
         if not learnt.prefills or kind not in learnt.level:
             return out
-        window, buckets = int(size_bucket(x[:1, _W])[0]), size_bucket(x[:, _C]).tolist()
+        window, buckets = int(quarter_octave(x[:1, _W])[0]), quarter_octave(x[:, _C]).tolist()
         counts = np.array([learnt.sized.get((kind, window, b), (0.0, 0.0))[1] for b in buckets])
         var = self.noise(learnt) * counts / (counts + self.prior) ** 2  # [candidates]
         out = var[:, None] + var[None, :]

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, number
+from engine.policy import DECISION_TIMEOUT_S
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +41,11 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
         help="the service's admin token, sent with the telemetry (default: $CHUNKPILOT_ADMIN_TOKEN; "
         "prefer the variable: a flag shows in the process list)",
     )
-    parser.add_argument("--predictor-timeout-ms", default="50", help="give up on the service after this long")
+    parser.add_argument(
+        "--predictor-timeout-ms",
+        default=f"{DECISION_TIMEOUT_S * 1e3:g}",
+        help="give up on the service after this long (the hand rule answers)",
+    )
     parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
     parser.add_argument("--no-telemetry", action="store_true", help="auto: do not report the prefills' outcomes")
     parser.add_argument(

@@ -15,7 +15,7 @@ from chunkpilot.contract import AttentionConfig, RequestFeatures
 
 from .hardware import local_hardware
 from .models import DTYPES, shape_of
-from .policy import ChunkPolicy, Decision
+from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
 from .predictor_client import AutoPolicy, InProcessPolicy, make_auto
 
 
@@ -23,7 +23,9 @@ def dtype_name(model: PreTrainedModel) -> str:
     return next((name for name, dtype in DTYPES.items() if dtype == model.dtype), "float32")
 
 
-def auto_policy(model: PreTrainedModel, predictor: str, timeout_s: float = 0.05) -> AutoPolicy | InProcessPolicy:
+def auto_policy(
+    model: PreTrainedModel, predictor: str, timeout_s: float = DECISION_TIMEOUT_S
+) -> AutoPolicy | InProcessPolicy:
     """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
     hardware = local_hardware(dtype_name(model), torch.get_num_threads(), model.device.type)
     if predictor.startswith(("http://", "https://")):

@@ -10,6 +10,8 @@ from typing import Protocol
 from chunkpilot.chunks import rule_size, simple_rule
 from chunkpilot.contract import ConfigError, RequestFeatures, number
 
+DECISION_TIMEOUT_S = 0.05  # `auto` waits this long for the service before a prefill, then the hand rule answers
+
 
 @dataclass(frozen=True)
 class Decision:

@@ -19,13 +19,14 @@ from pydantic import ValidationError
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
-from .policy import Decision, RulePolicy
+from .policy import DECISION_TIMEOUT_S, Decision, RulePolicy
 from .telemetry import Reporter, outcome
 
 if TYPE_CHECKING:
     from .engine import TTFTResult
 
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
+JSON = {"content-type": "application/json"}
 WARM_UP_S = 300.0  # a decision table builds in seconds per kind of request on one core
 
 
@@ -211,8 +212,8 @@ class AutoPolicy(Observing):
         return len(requests) - len(waiting)
 
     def _ask(self, request: RequestFeatures, schedule: bool | None = None) -> ChunkResponse:
-        body = ask(request, self.hardware, self.schedule if schedule is None else schedule).model_dump(mode="json")
-        response = self.client.post("/v1/chunk-size", json=body)
+        body = ask(request, self.hardware, self.schedule if schedule is None else schedule).model_dump_json()
+        response = self.client.post("/v1/chunk-size", content=body, headers=JSON)
         response.raise_for_status()
         answer = ChunkResponse.model_validate_json(response.content, strict=True)  # the service's own model
         if not 1 <= answer.chunk_size <= request.max_chunk:
@@ -283,7 +284,7 @@ def make_auto(
     *,
     service: str | None = None,
     tracking: str | None = None,
-    timeout_s: float = 0.05,
+    timeout_s: float = DECISION_TIMEOUT_S,
     reporter: Reporter | None = None,
     schedule: bool = False,
 ) -> AutoPolicy | InProcessPolicy:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from chunkpilot.contract import ChunkRequest, ChunkResponse
 
@@ -52,11 +52,14 @@ admin = APIRouter()
 
 
 @router.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
-async def chunk_size(body: ChunkRequest, service: Ready) -> ChunkResponse:
+async def chunk_size(body: ChunkRequest, service: Ready) -> Response:
     # a table lookup costs microseconds: on the loop, no thread hop; a decision taken now costs
     # milliseconds, in the thread pool, so that the loop keeps answering /livez
     answer = service.decide_at_once(body)
-    return answer if answer is not None else await run_in_threadpool(service.decide, body)
+    if answer is None:
+        answer = await run_in_threadpool(service.decide, body)
+    # our own model, serialised once: FastAPI would check it against response_model again first
+    return Response(answer.model_dump_json(), media_type="application/json")
 
 
 @router.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})

@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
 from chunkpilot import plausibility, registry
-from chunkpilot.chunks import DEFAULT_CHUNKS, quarter_octave
+from chunkpilot.chunks import DEFAULT_CHUNKS
 from chunkpilot.contract import AttentionConfig, ChunkRequest, ChunkResponse, ConfigError, Hardware, ModelShape, Outcome
+from chunkpilot.correction import quarter_octave
 from chunkpilot.dataset import Partition
 from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
 from chunkpilot.registry import CHALLENGER
@@ -26,6 +27,7 @@ from .explore import Explorer
 from .model import Predictor, load_predictor, past_outcomes
 from .schemas import FeedbackResult
 from .settings import Settings
+from .table import kind_of
 
 
 class ServiceMetrics:
@@ -169,7 +171,7 @@ class ServiceState:
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
             answer = pick
         else:
-            similar = f"{quarter_octave(request.context_length)}|{request.model_dump_json(exclude={'context_length'})}"
+            similar = f"{int(quarter_octave(request.context_length))}|{kind_of(request)}"
             answer = self.explorer.answer(pick, request.context_length, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()

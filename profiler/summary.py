@@ -1,17 +1,18 @@
-"""Per-config summary of a dataset: the measured best chunk size against fixed 1024 and the hand rule."""
+"""Per-config summary of a dataset: the measured best chunk size against fixed 1024 and the hand
+rule, each scored where it lands among the measured sizes (chunkpilot.chunks.landed), as training
+scores them."""
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
-from chunkpilot.chunks import clamp_chunk, rule_size
+from chunkpilot.chunks import clamp_chunk, landed, rule_candidate
 
 
 def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
     """One row per config: best chunk and TTFT, worst/best, and the regret (TTFT / best - 1) of
-    fixed 1024 and of the hand rule, each cut to what the config allows as the engine does."""
+    fixed 1024 and of the hand rule, each cut to what the config allows as the engine does and
+    landing on a measured size."""
     rows = []
     for key, group in df.groupby("config_key", sort=False):
         ttft = dict(zip(group["chunk_size"], group["ttft_ms"], strict=True))
@@ -19,10 +20,8 @@ def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
         n, window = int(first["context_length"]), int(first["window"])  # 0: no window
         best_chunk = min(ttft, key=ttft.get)
         best = ttft[best_chunk]
-        fixed, rule = (
-            clamp_chunk(1024, n, window or None, first["layout"]),
-            rule_size(n, window or None, first["layout"]),
-        )
+        fixed = landed(ttft, clamp_chunk(1024, n, window or None, first["layout"]))
+        rule = rule_candidate(ttft, n, window or None, first["layout"])
         rows.append(
             {
                 "config_key": key,
@@ -40,9 +39,9 @@ def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
                 "best_ttft_ms": best,
                 "worst_over_best": max(ttft.values()) / best,
                 "chunk_1024": fixed,
-                "regret_1024": ttft[fixed] / best - 1 if fixed in ttft else math.nan,
+                "regret_1024": ttft[fixed] / best - 1,
                 "rule_chunk": rule,
-                "regret_rule": ttft[rule] / best - 1 if rule in ttft else math.nan,
+                "regret_rule": ttft[rule] / best - 1,
                 "noisy": bool(group["noisy"].any()),
             }
         )

@@ -1,10 +1,12 @@
 import functools
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,15 +60,30 @@ SMALL_SPEC = {
 
 
 @pytest.fixture(scope="session")
-def small_dataset(tmp_path_factory):
+def small_dataset(tmp_path_factory, worker_id):
     """A real (if small and quick) profiled dataset: 2 models x 3 contexts x 3 attention configs x
-    2 thread counts, measured by the harness. Returns its root (pass as --data)."""
+    2 thread counts, measured by the harness. Returns its root (pass as --data), a copy of its own
+    for each pytest-xdist worker: the first to ask measures it, the others wait and copy (two
+    profiles at once on two cores would only time each other)."""
+    if worker_id == "master":  # one process: nothing to share
+        return profile_small(tmp_path_factory.mktemp("small-data"))
+    shared = tmp_path_factory.getbasetemp().parent / "small-data"  # this run's, seen by every worker
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "measured").exists():
+            profile_small(shared)
+            (shared / "measured").touch()
+    own = tmp_path_factory.mktemp("small-data") / "ttft"
+    shutil.copytree(shared / "ttft", own)
+    return own
+
+
+def profile_small(root: Path) -> Path:
     import yaml
 
     from profiler.run import run_profile
     from profiler.spec import Spec
 
-    root = tmp_path_factory.mktemp("small-data")
+    root.mkdir(parents=True, exist_ok=True)
     shape = root / "tiny-qwen.yaml"
     shape.write_text(
         "family: qwen2\nnum_layers: 2\nhidden_size: 128\nnum_heads: 4\nnum_kv_heads: 1\n"

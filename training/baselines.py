@@ -13,7 +13,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.chunks import clamp_chunk, rule_candidate
+from chunkpilot.chunks import clamp_chunk, landed, rule_candidate
 from chunkpilot.cost_models import PerCandidate
 from chunkpilot.features import FEATURES
 
@@ -30,12 +30,6 @@ CHUNK_DEPENDENT = {
     "overhead_ms",
 }
 CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEPENDENT]
-
-
-def closest_measured(candidates: np.ndarray, chunk: int) -> int:
-    """The measured candidate a fixed choice lands on: itself, else the largest below, else the smallest."""
-    below = candidates[candidates <= chunk]
-    return int(below.max()) if len(below) else int(candidates.min())
 
 
 def limited(rows: pd.DataFrame, chunk: int) -> int:
@@ -77,7 +71,7 @@ class FixedChunk:
     def choose(self, test: Table) -> HeldOutChoices:
         return HeldOutChoices(
             {
-                g: closest_measured(r.chunk_size.to_numpy(), limited(r, self.size))
+                g: landed(r.chunk_size.to_numpy(), limited(r, self.size))
                 for g, r in test.rows.groupby("group", sort=False)
             }
         )
@@ -107,8 +101,7 @@ class BestFixed(FixedChunk):
             return float(
                 np.mean(
                     [
-                        ttft[chunks == closest_measured(chunks, clamp_chunk(size, n, window, layout))][0] / ttft.min()
-                        - 1
+                        ttft[chunks == landed(chunks, clamp_chunk(size, n, window, layout))][0] / ttft.min() - 1
                         for chunks, ttft, n, window, layout in configs
                     ]
                 )
@@ -179,7 +172,7 @@ class NearestConfig:
         chunks = {}
         for g, target in zip(first.group, self.best[nearest], strict=True):
             candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
-            chunks[g] = closest_measured(candidates, int(target))
+            chunks[g] = landed(candidates, int(target))
         return HeldOutChoices(chunks)
 
 
@@ -211,9 +204,7 @@ class ChunkClassifier:
         for g, p in zip(first.group, proba, strict=True):
             candidates = test.rows.chunk_size[test.rows.group == g].to_numpy()
             feasible = [(prob, c) for prob, c in zip(p, self.classes, strict=True) if c in candidates]
-            chunks[g] = (
-                int(max(feasible)[1]) if feasible else closest_measured(candidates, int(self.classes[np.argmax(p)]))
-            )
+            chunks[g] = int(max(feasible)[1]) if feasible else landed(candidates, int(self.classes[np.argmax(p)]))
         return HeldOutChoices(chunks)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .baselines import HeldOutChoices, closest_measured, limited, rule_chunk
+from chunkpilot.chunks import landed
+
+from .baselines import HeldOutChoices, limited, rule_chunk
 from .data import Table
 
 METRICS = ("mean_regret", "p95_regret", "top1", "within_5pct", "mape", "saved_vs_1024", "saved_vs_rule", "deferred")
@@ -28,7 +30,7 @@ def records(test: Table, choice: HeldOutChoices) -> pd.DataFrame:
                 "best_chunk": int(chunks[ttft.argmin()]),
                 "ttft_chosen": at[choice.chunks[g]],
                 "ttft_best": ttft.min(),
-                "ttft_1024": at[closest_measured(chunks, limited(r, 1024))],
+                "ttft_1024": at[landed(chunks, limited(r, 1024))],
                 "ttft_rule": at[rule_chunk(r)],
                 "deferred": None if choice.deferred is None else g in choice.deferred,
             }
