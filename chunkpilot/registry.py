@@ -1,6 +1,6 @@
 """The registered model in MLflow: its name, aliases and tags, what the latest training did, and
 reading a version back for the service. The one place that knows how a model sits in MLflow
-(which alias a new version gets is chunkpilot/promotion.py's); mlflow is imported lazily."""
+(which alias a new version gets is training/promotion.py's); mlflow is imported lazily."""
 
 from __future__ import annotations
 

@@ -25,7 +25,6 @@ from conftest import QUICK_ARGS, ROOT, sqlite_store
 from servers import serve, serve_process, wait_until
 from test_telemetry import HARDWARE, outcome
 
-from chunkpilot import promotion
 from chunkpilot.contract import ChunkRequest, ConfigError, Hardware
 from chunkpilot.correction import CLIP, PRIOR, Correction
 from chunkpilot.dataset import Partition, read_dataset, read_file, write_config
@@ -36,6 +35,7 @@ from chunkpilot.registry import CHALLENGER, CHAMPION, MODEL_NAME
 from engine.telemetry import Reporter, to_service
 from predictor.app import create_app
 from predictor.settings import Settings
+from training import promotion
 
 
 def files_under(*roots: Path) -> set[Path]:

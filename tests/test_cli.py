@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import subprocess
@@ -161,3 +162,5 @@ def test_console_script_in_a_fresh_process():
         text=True,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunk_size" in bad.stderr
+    shown = subprocess.run([sys.executable, "-m", "cli", "--version"], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == f"chunkpilot {importlib.metadata.version('chunkpilot')}"

@@ -278,7 +278,7 @@ def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trai
 
 
 def test_the_gate_keeps_a_champion_the_challenger_loses_to_on_recent_prefills():
-    from chunkpilot.promotion import judge
+    from training.promotion import judge
 
     assert judge(0.02, ("3", 0.05), telemetry=(0.01, 0.02)).alias == "champion"
     kept = judge(0.02, ("3", 0.05), telemetry=(0.04, 0.02))  # better on the slices, worse on this machine
@@ -360,7 +360,8 @@ def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_un
     above): a real store holding a champion and a challenger that learnt from telemetry."""
     from mlflow import MlflowClient
 
-    from chunkpilot import promotion, registry
+    from chunkpilot import registry
+    from training import promotion
 
     client = MlflowClient(tracking_uri=sqlite_store(tmp_path / "mlflow.db"))
     client.create_registered_model(registry.MODEL_NAME)

@@ -11,12 +11,12 @@ import pytest
 import servers
 from conftest import QUICK_ARGS, QUICK_TREES, sqlite_store
 
-from chunkpilot.promotion import judge
 from chunkpilot.recipe import DEFAULT, RECIPES
 from chunkpilot.registry import MODEL_NAME
 from cli import main
 from training.baselines import baselines
 from training.data import load_table
+from training.promotion import judge
 from training.served import served_fit
 
 
@@ -214,7 +214,7 @@ def test_a_champion_of_an_older_chunkpilot_is_replaced(tmp_path):
     serve (the service refuses to load it, saying why); the gate replaces it without re-measuring it."""
     from mlflow import MlflowClient
 
-    from chunkpilot.promotion import gate
+    from training.promotion import gate
 
     client = MlflowClient(tracking_uri=sqlite_store(tmp_path / "mlflow.db"))
     client.create_registered_model(MODEL_NAME)

@@ -14,19 +14,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkpilot import promotion, registry
+from chunkpilot import registry
 from chunkpilot.cache import user_cache_dir
 from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.fleet import Gathered, gather
-from chunkpilot.promotion import Verdict
 from chunkpilot.recipe import DEFAULT, FEATURE_SET, RECIPES, Recipe, make_recipe
 from chunkpilot.tracking import quiet_mlflow, tracking_uri, use_experiment
 
-from . import plots
+from . import plots, promotion
 from .baselines import baselines
 from .crossval import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
 from .data import Table, load_table
+from .promotion import Verdict
 from .search import search, slice_regrets
 from .served import fit_recipes, served_fit
 from .slices import make_slices

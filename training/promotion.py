@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import user_cache_dir
-from .registry import CHALLENGER, CHAMPION, MODEL_NAME, RECIPE, WAITS, record_retrain
+from chunkpilot.cache import user_cache_dir
+from chunkpilot.registry import CHALLENGER, CHAMPION, MODEL_NAME, RECIPE, WAITS, record_retrain
 
 
 class AliasMoved(RuntimeError):
