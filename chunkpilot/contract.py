@@ -365,8 +365,8 @@ SHAPE_COLUMNS = (
 
 
 class Candidate(BaseModel):
-    chunk_size: int
-    predicted_ttft_ms: float
+    chunk_size: int = Field(description="a chunk size, tokens (the prompt's length: one shot)")
+    predicted_ttft_ms: float = Field(description="the TTFT the model predicts with it, ms")
 
 
 class Gain(NamedTuple):
@@ -381,22 +381,34 @@ class Gain(NamedTuple):
 
 class ChunkResponse(BaseModel):
     """The service's answer to one request: what it decides, caches, sends and what the engine reads
-    back. `gains` (each other candidate and the TTFT measuring it is expected to save, ms) stays in
-    the service: exploring reads it, the wire does not carry it."""
+    back. `gains` (each other candidate and what measuring it is expected to save, relative to the
+    choice) stays in the service: exploring reads it, the wire does not carry it."""
 
-    chunk_size: int
-    predicted_ttft_ms: float
-    top: list[Candidate]
-    rule: Candidate
-    model_version: str
-    # the recipe decided it now, or its decision table answered, or the budget left it to the hand rule
-    source: Literal["model", "table", "rule"]
-    explored: bool = False  # a candidate other than the model's pick, to learn from (bounded, see /metrics)
-    schedule: list[int] | None = None  # when asked: chunk sizes in order, by the per-chunk cost model
-    deferred: bool = False  # do-no-harm kept the rule's size: the predicted saving was within the members' spread
-    # the decision table's answer holds for every length first..last of its kind (a chunk_size equal
-    # to the length: each one's whole prompt); None: for this length only
-    span: tuple[int, int] | None = None
+    chunk_size: int = Field(description="the chunk size to prefill with, tokens (the prompt's length: one shot)")
+    predicted_ttft_ms: float = Field(description="the TTFT the model predicts with that size, ms")
+    top: list[Candidate] = Field(description="the fastest candidates by the model's prediction, fastest first")
+    rule: Candidate = Field(description="the hand rule's size and the TTFT the model predicts with it")
+    model_version: str = Field(description="the registered model version that answered")
+    source: Literal["model", "table", "rule"] = Field(
+        description="the recipe decided now (model), its decision table answered (table), or the decision "
+        "budget left it to the hand rule while the table builds (rule)"
+    )
+    explored: bool = Field(
+        default=False,
+        description="a candidate other than the model's pick, measured to learn from (bounded: see /metrics)",
+    )
+    schedule: list[int] | None = Field(
+        default=None, description="when asked: chunk sizes in order, by the per-chunk cost model"
+    )
+    deferred: bool = Field(
+        default=False,
+        description="do-no-harm kept the rule's size: the predicted saving was within the members' spread",
+    )
+    span: tuple[int, int] | None = Field(
+        default=None,
+        description="the lengths [first, last] of this kind of request the answer holds for (a chunk_size "
+        "equal to the length: each one's whole prompt); null: for this length only",
+    )
     # a slot, not a PrivateAttr: read on every answer, and pydantic's private attributes cost
     # microseconds each way; a copy (model_copy) or a parsed answer has none
     __slots__ = ("_gains",)

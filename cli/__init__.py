@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 
 from chunkpilot.contract import ConfigError
+from chunkpilot.version import installed_version
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -18,21 +18,14 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def installed_version() -> str:
-    try:
-        return version("chunkpilot")
-    except PackageNotFoundError:  # run from a source tree (the GPU machine's carried copy)
-        return "(not installed: run from source)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     # each command's module adds its own arguments and imports torch only inside its `run`
-    from . import demo, prefill, profile, retrain, serve, train
+    from . import demo, hardware, prefill, profile, retrain, serve, train
 
     parser = OneLineParser(prog="chunkpilot", description="Per-request prefill chunk sizes, from measurements.")
     parser.add_argument("--version", action="version", version=f"chunkpilot {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for module in (prefill, profile, train, retrain, serve, demo):
+    for module in (prefill, profile, train, retrain, serve, hardware, demo):
         name = module.__name__.rsplit(".", 1)[1]
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_args(command)

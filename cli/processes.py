@@ -25,7 +25,9 @@ def start_service(port: int, **settings: object) -> subprocess.Popen:
 
     settings = {"tracking_uri": tracking_uri(), "poll_interval_s": 0, **settings}
     env = {**os.environ, **{f"CHUNKPILOT_{k.upper()}": str(v) for k, v in settings.items()}}
-    return subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], env=env)
+    # failures only: the caller (the demo, a bench, a test) prints its own progress
+    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--log-level", "warning"]
+    return subprocess.Popen(command, env=env)
 
 
 def start_mlflow_server(store: str, port: int, artifacts: str | None = None) -> subprocess.Popen:

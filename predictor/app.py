@@ -5,9 +5,11 @@ reason, and two gates in front: a body limit and the Host names it answers to.""
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -17,12 +19,32 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
+from chunkpilot.version import installed_version
+
 from . import routes
 from .model import Infeasible
 from .service import ServiceMetrics, ServiceState
 from .settings import LOOPBACK, Settings
 
+log = logging.getLogger(__name__)
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+
+
+def startup_line(settings: Settings, state: ServiceState) -> str:
+    """One line that says what this process serves, from where, to whom, and where outcomes go."""
+    served = f"v{state.predictor.version}" if state.predictor is not None else f"nothing yet ({state.not_ready})"
+    return (
+        f"chunkpilot {installed_version()} serving {settings.model_name}@{settings.model_alias} {served} "
+        f"from {redacted(settings.tracking_uri)} on {settings.host}; telemetry into {settings.telemetry_dir.resolve()}"
+    )
+
+
+def redacted(uri: str) -> str:
+    """A store's URI without its password (postgresql://user:secret@host/db)."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 class BodyLimit:
@@ -97,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(settings.store_timeout_s)
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(settings.store_retries)
         await run_in_threadpool(state.load)
+        log.info(startup_line(settings, state))
         gc.freeze()  # what loading left behind is permanent: later collections skip it (fewer pauses)
         stop = threading.Event()
         if settings.poll_interval_s > 0:  # also how a service that started without a model becomes ready

@@ -5,6 +5,7 @@ what is queued for the tracking server. A second signal stops at once."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from types import FrameType
 
@@ -27,7 +28,10 @@ class DrainingServer(uvicorn.Server):
         threading.Timer(self.delay_s, super().handle_exit, (sig, frame)).start()
 
 
-def serve(settings: Settings, port: int, log_level: str = "warning") -> None:
+def serve(settings: Settings, port: int, log_level: str = "info") -> None:
+    # our loggers (chunkpilot's modules) beside uvicorn's own, in its format; no access log: a line
+    # per decision would cost more than the decision
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -4,6 +4,7 @@ and answered its smoke request."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import socket
 import threading
@@ -28,6 +29,8 @@ from .model import Predictor, load_predictor, past_outcomes
 from .schemas import FeedbackResult
 from .settings import Settings
 from .table import kind_of
+
+log = logging.getLogger(__name__)
 
 
 class ServiceMetrics:
@@ -121,6 +124,7 @@ class ServiceState:
                 if self.predictor is None:
                     self.not_ready = reason
                 self.metrics.reloads.labels("failed").inc()
+                log.warning("%s; %s", reason, "not ready" if self.predictor is None else "the old version serves")
                 return reason
             self.skipped_telemetry = past.skipped
             self.metrics.skipped_telemetry.inc(len(past.skipped))
@@ -130,6 +134,7 @@ class ServiceState:
             self.not_ready = ""
             self.metrics.model_version.set(float(loaded.version))
             self.metrics.reloads.labels("swapped").inc()
+            log.info("serving %s v%s (%s)", s.model_name, loaded.version, loaded.recipe.name)
             return f"serving version {loaded.version}"
 
     def _waiting_challenger(self, champion: Predictor) -> Predictor | None:
@@ -241,6 +246,7 @@ class ServiceState:
                 self.load()
             except Exception as exc:  # load records its own failures; this is what it did not foresee
                 self.last_error = f"poll failed: {type(exc).__name__}: {exc}"
+                log.error(self.last_error)
 
 
 def size_label(chunk_size: int, context_length: int) -> str:

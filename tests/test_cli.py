@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from chunkpilot.contract import PRESETS
+from chunkpilot.contract import PRESETS, ChunkRequest
 from cli import main
 from engine.models import load_model
 from engine.tokenizer import trained_tokenizer
@@ -164,3 +164,12 @@ def test_console_script_in_a_fresh_process():
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunk_size" in bad.stderr
     shown = subprocess.run([sys.executable, "-m", "cli", "--version"], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == f"chunkpilot {importlib.metadata.version('chunkpilot')}"
+
+
+def test_hardware_prints_the_json_a_request_carries(capsys):
+    assert main(["hardware", "--threads", "2"]) == 0
+    hardware = json.loads(capsys.readouterr().out)
+    request = ChunkRequest.model_validate({"context_length": 3000, "model": "llama-tiny", "hardware": hardware})
+    assert request.hardware.cores >= 1 and request.hardware.matmul_gflops > 0 and request.hardware.hardware_id
+    assert main(["hardware", "--threads", "0"]) == 2  # one line naming the field, as every command
+    assert "threads" in capsys.readouterr().err

@@ -76,3 +76,15 @@ def test_bounds_are_stated_once_and_named_in_errors():
             hardware={"hardware_id": "abc"},
         )
     assert ModelShape(**{**PRESETS["llama-tiny"].model_dump(), "num_layers": "8"}).num_layers == 8  # shape files
+
+
+def test_every_field_of_the_answer_is_described_in_the_openapi_schema(tmp_path):
+    """What /docs shows an engine's author: no field of the answer without its meaning."""
+    from predictor.app import create_app
+    from predictor.settings import Settings
+
+    app = create_app(Settings(tracking_uri=f"sqlite:///{tmp_path / 'unused.db'}", poll_interval_s=0))
+    schemas = app.openapi()["components"]["schemas"]
+    for name in ("ChunkResponse", "Candidate"):
+        undescribed = [field for field, spec in schemas[name]["properties"].items() if "description" not in spec]
+        assert not undescribed, (name, undescribed)

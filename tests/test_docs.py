@@ -103,3 +103,24 @@ def test_every_script_s_help_lists_the_flags_the_docs_use():
         assert code == 0, f"{script} --help: exit {code}: {text[-500:]}"
         for flag in flags:
             assert flag in text, f"{script} --help does not list {flag}"
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower case, punctuation dropped, spaces as -."""
+    headings = re.findall(r"^#+ (.*)$", markdown, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_relative_link_and_anchor_resolves(path):
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: ...
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text()):
+            broken.append(f"{target}: no such heading")
+    assert not broken, broken

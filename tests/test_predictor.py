@@ -4,6 +4,7 @@ policy against it: round trips, validation, fallbacks, the breaker, reloads, fuz
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,9 +16,10 @@ import pytest
 from conftest import quick, sqlite_store
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
-from servers import free_port, serve
+from servers import free_port, serve, wait_until
 
 from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
+from cli.processes import answers
 from engine.predictor_client import Answers, AutoPolicy, Breaker, InProcessPolicy, Remembered
 from predictor.app import create_app
 from predictor.settings import Settings
@@ -388,3 +390,21 @@ def test_a_model_registered_before_recipes_is_refused_with_the_reason(tmp_path, 
         ready = httpx.get(f"{url}/readyz")
         assert ready.status_code == 503 and "holds no recipe" in ready.json()["reason"]
         assert "retrain it" in ready.json()["reason"]
+
+
+def test_serve_logs_what_it_serves_from_where_when_it_starts(trained_store, tmp_path):
+    """The start-up line, as `vllm serve` prints its banner: version, model, store, bind, telemetry."""
+    port = free_port()
+    env = {**os.environ, "CHUNKPILOT_TRACKING_URI": trained_store, "CHUNKPILOT_POLL_INTERVAL_S": "0"}
+    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--log-level", "info"]
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(command, env=env, stderr=stderr)
+        try:
+            assert wait_until(lambda: answers(f"http://127.0.0.1:{port}/readyz"), seconds=90)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    lines = (tmp_path / "stderr").read_text().splitlines()
+    started = next(line for line in lines if "predictor.app: chunkpilot " in line)
+    assert "serving chunk-size-predictor@champion v1 from sqlite:///" in started and "on 127.0.0.1" in started
+    assert "telemetry into /" in started
