@@ -259,6 +259,11 @@ class RequestFeatures(Contract):
     def clamp(self, chunk: int) -> int:
         return clamp_chunk(chunk, self.context_length, self.attention.window, self.attention.layout)
 
+    def kind(self) -> str:
+        """Everything a decision depends on but the context length, as a key: requests of one kind
+        differ only in length (the service's decision table, exploring, the engine's answer cache)."""
+        return self.model_dump_json(exclude={"context_length"})
+
     def row(self, hardware: Mapping[str, Any]) -> dict[str, Any]:
         """The dataset's config columns (the feature builder's input, less the chunk size): the profiler
         writes them, the service builds them per request; `hardware` holds the DESCRIPTORS."""

@@ -30,11 +30,6 @@ JSON = {"content-type": "application/json"}
 WARM_UP_S = 300.0  # a decision table builds in seconds per kind of request on one core
 
 
-def kind_of(request: RequestFeatures) -> tuple:
-    """Everything the service decides on but the context length (and this machine, the policy's own)."""
-    return request.model, request.attention, request.dtype, request.threads, request.attn_impl
-
-
 @dataclass(frozen=True)
 class Remembered:
     """An answer for the lengths first..last of a kind: a size, or `full` (each one's whole prompt)."""
@@ -51,10 +46,10 @@ class Answers:
     """The service's answers per kind of request, each for its span of lengths, for `ttl_s`."""
 
     ttl_s: float
-    kinds: dict[tuple, list[Remembered]] = field(default_factory=dict)  # sorted by first, disjoint
+    kinds: dict[str, list[Remembered]] = field(default_factory=dict)  # sorted by first, disjoint
 
     def get(self, request: RequestFeatures) -> Remembered | None:
-        n, spans = request.context_length, self.kinds.get(kind_of(request), [])
+        n, spans = request.context_length, self.kinds.get(request.kind(), [])
         i = bisect.bisect_right(spans, n, key=lambda r: r.first) - 1
         found = spans[i] if i >= 0 and spans[i].last >= n else None
         return found if found is not None and time.monotonic() - found.at < self.ttl_s else None
@@ -62,7 +57,7 @@ class Answers:
     def put(self, request: RequestFeatures, answer: Remembered) -> None:
         """Kept in place of the answers it overlaps (a rebuilt table may draw other segments) and
         of those past their time."""
-        now, spans = time.monotonic(), self.kinds.setdefault(kind_of(request), [])
+        now, spans = time.monotonic(), self.kinds.setdefault(request.kind(), [])
         spans[:] = [r for r in spans if (r.last < answer.first or r.first > answer.last) and now - r.at < self.ttl_s]
         bisect.insort(spans, answer, key=lambda r: r.first)
 

@@ -28,7 +28,6 @@ from .explore import Explorer
 from .model import Predictor, load_predictor, past_outcomes
 from .schemas import FeedbackResult
 from .settings import Settings
-from .table import kind_of
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +175,7 @@ class ServiceState:
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
             answer = pick
         else:
-            similar = f"{int(quarter_octave(request.context_length))}|{kind_of(request)}"
+            similar = f"{int(quarter_octave(request.context_length))}|{request.kind()}"
             answer = self.explorer.answer(pick, request.context_length, shadow, similar)  # a quarter octave alike
         if answer.explored:
             self.metrics.explored.inc()

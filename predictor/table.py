@@ -44,10 +44,6 @@ def numeric_candidates(request: ChunkRequest) -> tuple[int, ...]:
     return tuple(sorted({int(c) for c in (request.candidates or DEFAULT_CHUNKS) if c != "full"}))
 
 
-def kind_of(request: ChunkRequest) -> str:
-    return request.model_dump_json(exclude={"context_length"})
-
-
 def cells(request: ChunkRequest, longest: int) -> list[tuple[int, int]]:
     """Every cell of the request's kind up to `longest`, from a seed in each (every short length,
     each edge and its neighbours, each grid point and its neighbours, each multiple of 1024)."""
@@ -121,7 +117,7 @@ class DecisionTable:
     def lookup(self, request: ChunkRequest) -> ChunkResponse | None:
         """The table's answer for the request, if its segment is built. A new kind, or a length past
         the built range, is queued."""
-        key, n = kind_of(request), request.context_length
+        key, n = request.kind(), request.context_length
         kind = self.kinds.get(key)
         if kind is None or n > kind.longest:
             self._want(key, request)
