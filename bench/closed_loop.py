@@ -19,45 +19,53 @@ champion is judged on the very same times.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 from mlflow import MlflowClient
 
-from chunkpilot.chunks import DEFAULT_CHUNKS, clamp_chunk, feasible_chunks, rule_size, simple_rule
+from chunkpilot.chunks import simple_rule
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
-from engine.engine import Engine, EngineConfig, Prompt
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.hardware import local_hardware
 from engine.machine import fingerprint
-from engine.measure import interleaved, resampled_rounds
-from engine.policy import FixedPolicy
-from engine.predictor_client import AutoPolicy, make_auto
+from engine.policy import ChunkPolicy, FixedPolicy, RulePolicy
+from engine.predictor_client import AutoPolicy
 from engine.telemetry import Reporter, to_service
+from engine.workload import Workload
+from evaluation.auto import auto_for
+from evaluation.regret import Choices, Times, regret, regret_gap, timed
+from evaluation.rounds import time_sizes
 from predictor.model import load_predictor, past_outcomes
 from training.train import format_result, train
 
 SHIPPED = Path("data/ttft/cpu-shipped")
 SHAPE_FILE = "data/shapes/wide-shallow.yaml"
 MODELS = ["llama-tiny", "qwen2-gqa", SHAPE_FILE]
-# (model, tokens, window, layout): this deployment's kinds of prompt, none of them a profiled config;
-# the workload draws from them and the probe set is them, so the score is on the user's own prompts
-# fmt: off
-PROBES = [("llama-tiny", 800, None, "shift"), ("llama-tiny", 3000, 1024, "shift"), ("llama-tiny", 6000, 512, "ring"),
-          ("llama-tiny", 12000, 2048, "shift"), ("qwen2-gqa", 1500, None, "shift"), ("qwen2-gqa", 4000, 1024, "ring"),
-          ("qwen2-gqa", 6000, 2048, "shift"), (SHAPE_FILE, 500, None, "shift"), (SHAPE_FILE, 2500, 512, "shift"),
-          (SHAPE_FILE, 5000, 1024, "ring")]
-# fmt: on
+# (model, prompt): this deployment's kinds of prompt, none of them a profiled config; the workload
+# draws from them and the probe set is them, so the score is on the user's own prompts
+PROBES = [
+    ("llama-tiny", Workload(800)),
+    ("llama-tiny", Workload(3000, AttentionConfig(1024))),
+    ("llama-tiny", Workload(6000, AttentionConfig(512, "ring"))),
+    ("llama-tiny", Workload(12000, AttentionConfig(2048))),
+    ("qwen2-gqa", Workload(1500)),
+    ("qwen2-gqa", Workload(4000, AttentionConfig(1024, "ring"))),
+    ("qwen2-gqa", Workload(6000, AttentionConfig(2048))),
+    (SHAPE_FILE, Workload(500)),
+    (SHAPE_FILE, Workload(2500, AttentionConfig(512))),
+    (SHAPE_FILE, Workload(5000, AttentionConfig(1024, "ring"))),
+]
 
 
 def train_into(store: Path, data: Path, table: bool = False) -> tuple[str, str]:
@@ -77,28 +85,18 @@ def train_into(store: Path, data: Path, table: bool = False) -> tuple[str, str]:
     return (f"{result.settled}; {said}" if result.settled else said), str(champion)
 
 
-Times = dict[int, dict[int, list[float]]]  # probe index -> chunk size -> TTFT ms over the rounds
-
-
-def ttft(engine: Engine, text: str, n: int, attention: AttentionConfig, chunk: int) -> float:
-    return engine.run(text, n, attention, FixedPolicy(chunk)).ttft_ms
-
-
 def measure_probes(engines: dict[str, Engine], rounds: int) -> Times:
     """probe index -> chunk size -> TTFT ms over the rounds."""
     times = {}
-    for i, (model, n, window, layout) in enumerate(PROBES):
-        engine, attention = engines[model], AttentionConfig(window=window, layout=layout)
-        text = engine.prompt_text(Prompt(num_tokens=n))
-        sizes, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
-        times[i] = interleaved({c: functools.partial(ttft, engine, text, n, attention, c) for c in sizes}, rounds)
-        print(f"  probe {i + 1}/{len(PROBES)} {model} {n} tokens w{window} {layout}: {len(sizes)} sizes", flush=True)
+    for i, (model, workload) in enumerate(PROBES):
+        times[i] = time_sizes(engines[model], workload, rounds)
+        print(f"  probe {i + 1}/{len(PROBES)} {model} {workload.label}: {len(times[i])} sizes", flush=True)
     return times
 
 
 def probe_times(engines: dict[str, Engine], rounds: int, machine: str, path: Path) -> Times:
     """The probe set's times: measured once per machine and kept in `path` (a rerun skips ~10 min)."""
-    key = {"machine": machine, "probes": PROBES, "rounds": rounds}
+    key = {"machine": machine, "probes": [(m, w.label) for m, w in PROBES], "rounds": rounds}
     if path.is_file() and (kept := json.loads(path.read_text()))["key"] == json.loads(json.dumps(key)):
         print(f"probe set: times of this machine from {path}", flush=True)
         return {int(i): {int(c): v for c, v in sizes.items()} for i, sizes in kept["times"].items()}
@@ -106,60 +104,6 @@ def probe_times(engines: dict[str, Engine], rounds: int, machine: str, path: Pat
     times = measure_probes(engines, rounds)
     path.write_text(json.dumps({"key": key, "times": times}))
     return times
-
-
-def bootstrapped(times: Times, per_probe, resamples: int, seed: int = 0) -> tuple[float, float, float]:
-    """(mean over the probes of `per_probe(i, medians)`, its 95% interval): a bootstrap over rounds,
-    the same resampled rounds for every size of every probe (so paired between policies)."""
-    rounds = min(len(v) for t in times.values() for v in t.values())
-    draws = resampled_rounds(rounds, resamples, np.random.default_rng(seed))
-
-    def mean(index: np.ndarray) -> float:
-        return float(
-            np.mean(
-                [
-                    per_probe(i, {c: float(np.median(np.asarray(v)[index])) for c, v in sizes.items()})
-                    for i, sizes in times.items()
-                ]
-            )
-        )
-
-    boot = [mean(d) for d in draws]
-    return mean(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
-
-
-Choices = tuple[dict[int, int], dict[int, float]]  # (probe index -> chunk size, -> ms its decision took)
-
-
-def timed(decide: Callable[[int], int]) -> Choices:
-    """Each probe's choice by `decide(probe index)`, and the time that decision took: what a policy
-    is charged on top of the TTFT of its size (the net regret)."""
-    sizes, ms = {}, {}
-    for i in range(len(PROBES)):
-        start = time.perf_counter()
-        sizes[i] = decide(i)
-        ms[i] = (time.perf_counter() - start) * 1e3
-    return sizes, ms
-
-
-def regret(times: Times, choices: Choices, net: bool = False, seed: int = 0) -> tuple[float, float, float]:
-    """(mean regret over the probes, 95% interval): median TTFT of the choice (plus its decision's
-    time, if `net`) over the best size's."""
-    size, ms = choices
-    return bootstrapped(times, lambda i, med: (med[size[i]] + net * ms[i]) / min(med.values()) - 1, 1000, seed)
-
-
-def regret_gap(
-    times: Times, ours: Choices, theirs: Choices, net: bool = False, seed: int = 0
-) -> tuple[float, float, float]:
-    """(mean regret of `ours` - that of `theirs` over the probes, its 95% interval), paired; `net`:
-    each charged its own decision's time."""
-    (a, a_ms), (b, b_ms) = ours, theirs
-
-    def gap(i: int, med: dict[int, float]) -> float:
-        return (med[a[i]] - med[b[i]] + net * (a_ms[i] - b_ms[i])) / min(med.values())
-
-    return bootstrapped(times, gap, 2000, seed)
 
 
 def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = None) -> tuple[Choices, int]:
@@ -170,25 +114,29 @@ def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = Non
     learnt = predictor.learn(past_outcomes(telemetry).outcomes) if telemetry is not None else 0
 
     def decide(i: int) -> int:
-        model, n, window, layout = PROBES[i]
+        model, workload = PROBES[i]
         shape = PRESETS.get(model) or ModelShape.from_file(Path(model))
-        attention = {"window": window, "layout": layout}
-        request = ChunkRequest(context_length=n, model=shape, attention=attention, threads=threads, hardware=hardware)
-        return predictor.decide(request).chunk_size
+        request = ChunkRequest(
+            context_length=workload.context_length,
+            model=shape,
+            attention=workload.attention,
+            threads=threads,
+            hardware=hardware,
+        )
+        return predictor.answer(request).response.chunk_size
 
-    choices = timed(decide)
+    choices = timed(decide, range(len(PROBES)))
     predictor.close()
     return choices, learnt
 
 
-def workload(engines: dict[str, Engine], policy: AutoPolicy, count: int, rng: random.Random) -> float:
+def serve_workload(engines: dict[str, Engine], policy: AutoPolicy, count: int, rng: random.Random) -> float:
     """`count` prefills drawn from the deployment's kinds of prompt; returns their total TTFT in ms."""
     total = 0.0
     for _ in range(count):
-        model, n, window, layout = rng.choice(PROBES)
-        engine = engines[model]
-        text = engine.prompt_text(Prompt(num_tokens=n, seed=rng.randrange(1000)))  # same length, other words
-        total += engine.run(text, n, AttentionConfig(window=window, layout=layout), policy).ttft_ms
+        model, workload = rng.choice(PROBES)
+        other_words = Workload(workload.context_length, workload.attention, seed=rng.randrange(1000))
+        total += engines[model].run(other_words, policy).ttft_ms
     return total
 
 
@@ -196,10 +144,10 @@ def choices_table(times: Times, policies: dict[str, dict[int, int]]) -> str:
     """Per probe: the best size, and each policy's size with its regret (medians over the probe rounds)."""
     lines = ["\nper probe: the measured best size; each policy's size and its regret against it"]
     lines.append(f"{'probe':<32}{'best':>6}" + "".join(f"{name:>14}" for name in policies))
-    for i, (model, n, window, layout) in enumerate(PROBES):
+    for i, (model, workload) in enumerate(PROBES):
         med = {c: float(np.median(v)) for c, v in times[i].items()}
         best = min(med, key=med.get)
-        label = f"{Path(model).stem} {n} " + (f"w{window} {layout}" if window else "no window")
+        label = f"{Path(model).stem} {workload.label}"
         cells = "".join(f"{f'{c[i]} {med[c[i]] / med[best] - 1:+.1%}':>14}" for c in policies.values())
         lines.append(f"{label:<32}{best:>6}{cells}")
     return "\n".join(lines)
@@ -258,9 +206,16 @@ def main() -> None:
     threads = engines[MODELS[0]].runtime.threads
     hardware = local_hardware("float32", threads)
     times = probe_times(engines, args.probe_rounds, machine, args.probe_times)
-    fixed = timed(lambda i: clamp_chunk(1024, *PROBES[i][1:]))
-    rule = timed(lambda i: rule_size(*PROBES[i][1:]))
-    simple = timed(lambda i: simple_rule(*PROBES[i][1:]))
+
+    def by(policy: ChunkPolicy) -> Choices:  # each probe asked as the engine asks it, timed
+        def decide(i: int) -> int:
+            model, workload = PROBES[i]
+            return policy.decide(engines[model].request(workload.context_length, workload.attention)).chunk_size
+
+        return timed(decide, probes)
+
+    probes = range(len(PROBES))
+    fixed, rule, simple = by(FixedPolicy(1024, capped=True)), by(RulePolicy()), by(RulePolicy("simple", simple_rule))
     reference = regret(times, model_choices(reference_uri, hardware, threads)[0])
 
     port = free_port()
@@ -285,8 +240,9 @@ def main() -> None:
             if k == args.rounds:
                 rows.append(row)
                 break
-            policy = make_auto(hardware, service=url, timeout_s=0.5, reporter=Reporter(to_service(url), capacity=4096))
-            served = workload(engines, policy, args.prefills, rng)
+            reporter = Reporter(to_service(url), capacity=4096)
+            policy = auto_for(engines[MODELS[0]], service=url, timeout_s=0.5, reporter=reporter)
+            served = serve_workload(engines, policy, args.prefills, rng)
             policy.close()
             metrics = httpx.get(f"{url}/metrics").text
             row |= {

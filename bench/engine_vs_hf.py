@@ -19,14 +19,16 @@ import time
 import torch
 
 from chunkpilot.contract import AttentionConfig
-from engine.engine import Engine, EngineConfig, Prompt
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.measure import interleaved
 from engine.models import load_model
 from engine.policy import FixedPolicy
+from engine.workload import Workload
 
 
-def engine_ms(engine: Engine, text: str, n: int, attention: AttentionConfig, chunk: int, tokens: dict) -> float:
-    result = engine.run(text, n, attention, FixedPolicy(chunk))
+def engine_ms(engine: Engine, workload: Workload, chunk: int, tokens: dict) -> float:
+    result = engine.run(workload, FixedPolicy(chunk))
     tokens["engine"] = result.first_token
     return result.prefill_ms
 
@@ -59,7 +61,7 @@ def main() -> None:
     hf = load_model(args.model).model  # same seed, same weights; transformers' own sdpa path
     hf.set_attn_implementation("sdpa")
     hf.generation_config.pad_token_id = hf.generation_config.eos_token_id = None
-    text = engine.prompt_text(Prompt(num_tokens=args.tokens))
+    text = engine.text(Workload(args.tokens))
     ids = torch.tensor([engine.tokenizer.encode(text).ids[: args.tokens]])
     native_window = engine.shape.window
 
@@ -68,11 +70,11 @@ def main() -> None:
     print(f"{'window':<8}{'chunk':>6}{'engine':>10}{'hf':>10}{'forward':>10}{'engine/hf':>11}  same first token")
     for window in [native_window, None] if native_window else [None]:
         hf.config.sliding_window = window  # transformers builds its cache and mask from the config
-        attention = AttentionConfig(window=window)
+        workload = Workload(args.tokens, AttentionConfig(window=window), text=text)
         for chunk in [int(c) for c in args.chunks.split(",")]:
             tokens: dict[str, int] = {}
             steps = {
-                "engine": functools.partial(engine_ms, engine, text, args.tokens, attention, chunk, tokens),
+                "engine": functools.partial(engine_ms, engine, workload, chunk, tokens),
                 "hf": functools.partial(hf_ms, hf, ids, chunk, tokens),
                 "forward": functools.partial(forward_ms, hf, ids),
             }

@@ -14,9 +14,9 @@ import numpy as np
 from preamble import model_and_rounds
 
 from chunkpilot.contract import AttentionConfig
-from engine.engine import Prompt
 from engine.measure import interleaved, median_ratio
 from engine.policy import RulePolicy
+from engine.workload import Workload
 
 COUNTS = (0, 8, 64)
 SETUPS = [(n, window, layout) for n in (2048, 4096, 8192) for window, layout in ((512, "shift"), (1024, "ring"))]
@@ -32,10 +32,10 @@ def main() -> None:
         + "  KV MiB (0/8/64)"
     )
     for n, window, layout in SETUPS:
-        text = engine.prompt_text(Prompt(num_tokens=n))
 
-        def run(count: int, window: int = window, layout: str = layout, text: str = text, n: int = n):
-            return engine.run(text, n, AttentionConfig(window=window, layout=layout, global_tokens=count), RulePolicy())
+        def run(count: int, window: int = window, layout: str = layout, n: int = n):
+            attention = AttentionConfig(window=window, layout=layout, global_tokens=count)
+            return engine.run(Workload(n, attention), RulePolicy())
 
         results = interleaved({g: functools.partial(run, g) for g in COUNTS}, args.rounds)
         times = {g: np.array([r.ttft_ms for r in rs]) for g, rs in results.items()}

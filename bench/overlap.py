@@ -10,6 +10,7 @@ the request. Needs a champion in the MLflow store: run `chunkpilot train` (or `m
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import numpy as np
@@ -17,10 +18,10 @@ from preamble import model_and_rounds
 
 from chunkpilot.contract import AttentionConfig
 from cli.processes import free_port, start_service, wait_ready
-from engine.engine import Engine, Prompt
-from engine.hardware import local_hardware
-from engine.predictor_client import make_auto
-from engine.stream import StreamRequest, stream
+from engine.engine import Engine
+from engine.stream import stream
+from engine.workload import Workload
+from evaluation.auto import auto_for
 
 # the deployment's prompts: lengths that differ, windows on some (each a bucket of its own)
 PROMPTS = [
@@ -37,8 +38,8 @@ PROMPTS = [
 ]
 
 
-def run_once(engine: Engine, url: str, hardware, batch: list[StreamRequest], overlap: bool) -> list:
-    policy = make_auto(hardware, service=url, timeout_s=0.5)
+def run_once(engine: Engine, url: str, batch: list[Workload], overlap: bool) -> list:
+    policy = auto_for(engine, service=url, timeout_s=0.5)
     try:
         return list(stream(engine, batch, policy, overlap))
     finally:
@@ -47,11 +48,8 @@ def run_once(engine: Engine, url: str, hardware, batch: list[StreamRequest], ove
 
 def main() -> None:
     args, engine = model_and_rounds(__doc__)
-    hardware = local_hardware("float32", engine.runtime.threads)
-    batch = [
-        StreamRequest(engine.prompt_text(Prompt(num_tokens=n, seed=i)), n, AttentionConfig(window=w))
-        for i, (n, w) in enumerate(PROMPTS)
-    ]
+    batch = [Workload(n, AttentionConfig(window=w), seed=i) for i, (n, w) in enumerate(PROMPTS)]
+    batch = [dataclasses.replace(w, text=engine.text(w)) for w in batch]  # the words before any timing
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     service = start_service(port, explore_budget=0)
@@ -59,10 +57,10 @@ def main() -> None:
     try:
         wait_ready(url, service)
         for overlap in (False, True):  # warm-up of both paths, not kept
-            run_once(engine, url, hardware, batch, overlap)
+            run_once(engine, url, batch, overlap)
         for r in range(args.rounds):
             for overlap in (r % 2 == 0, r % 2 == 1):
-                runs[overlap].append(run_once(engine, url, hardware, batch, overlap))
+                runs[overlap].append(run_once(engine, url, batch, overlap))
             print(f"round {r + 1}/{args.rounds} done", flush=True)
     finally:
         service.terminate()

@@ -1,7 +1,7 @@
 """The policies side by side on prompts the model was never trained on: `auto` (the champion,
 in-process), fixed 1024, the hand rule, the simple rule (one shot without a window, else the hand
 rule) and one shot, measured by the one evaluator
-(engine/comparison.py): every distinct chunk size per round for 3 rounds, interleaved, then only the
+(evaluation/comparison.py): every distinct chunk size per round for 3 rounds, interleaved, then only the
 sizes still compared, rounds until the intervals of auto's savings over the rule and over 1024 are
 narrower than 2% or --max-rounds pass. Prints per-prompt TTFT and regret against the measured
 best, and each saving with its 95% interval. Needs a champion: run `make demo` or `chunkpilot
@@ -19,23 +19,29 @@ import argparse
 import time
 
 from chunkpilot.chunks import simple_rule
+from chunkpilot.contract import AttentionConfig
 from chunkpilot.tracking import tracking_uri
-from engine.comparison import PromptCase, evaluate, format_evaluation
-from engine.engine import Engine, EngineConfig
-from engine.hardware import local_hardware
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
-from engine.predictor_client import make_auto
+from engine.workload import Workload
+from evaluation.auto import auto_for
+from evaluation.comparison import evaluate, format_evaluation
 
 PROMPTS = {
     "llama-tiny": [
-        PromptCase(700),
-        PromptCase(2300, 768, "shift"),
-        PromptCase(4700, 1536, "ring"),
-        PromptCase(7100),
-        PromptCase(10500, 768, "ring", 4),
-        PromptCase(13000, 1536, "shift", 4),
+        Workload(700),
+        Workload(2300, AttentionConfig(768, "shift")),
+        Workload(4700, AttentionConfig(1536, "ring")),
+        Workload(7100),
+        Workload(10500, AttentionConfig(768, "ring", 4)),
+        Workload(13000, AttentionConfig(1536, "shift", 4)),
     ],
-    "qwen2-gqa": [PromptCase(900), PromptCase(1800, 768, "ring"), PromptCase(3700, 1536, "shift", 4)],
+    "qwen2-gqa": [
+        Workload(900),
+        Workload(1800, AttentionConfig(768, "ring")),
+        Workload(3700, AttentionConfig(1536, "shift", 4)),
+    ],
 }
 
 
@@ -47,7 +53,7 @@ def main() -> None:
     start = time.monotonic()
     for model in args.models.split(","):
         engine = Engine(EngineConfig(model=model))
-        auto = make_auto(local_hardware(engine.config.dtype, engine.runtime.threads), tracking=tracking_uri())
+        auto = auto_for(engine, tracking=tracking_uri())
         policies = {
             "auto": auto,
             "fixed 1024": FixedPolicy(1024, capped=True),
@@ -60,7 +66,7 @@ def main() -> None:
             f"at most {args.max_rounds} rounds:",
             flush=True,
         )
-        tabled = auto.warm_up([engine.features(c.tokens, c.attention) for c in PROMPTS[model]])
+        tabled = auto.warm_up([engine.request(w.context_length, w.attention) for w in PROMPTS[model]])
         print(f"auto's decision table answers {tabled} of {len(PROMPTS[model])} prompts (built before any timing)")
         result = evaluate(
             engine,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from chunkpilot.contract import ConfigError, number
-from engine.engine import Engine, EngineConfig
+from engine.config import EngineConfig
+from engine.engine import Engine
 
 
 def model_and_rounds(doc: str) -> tuple[argparse.Namespace, Engine]:

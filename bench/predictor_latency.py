@@ -44,11 +44,11 @@ def percentiles(ms: list[float]) -> str:
     return f"p50 {statistics.median(ms):7.3f} ms   p99 {q[98]:7.3f} ms"
 
 
-def timed(decide: Callable, requests: list) -> tuple[list[float], list]:
+def timed(answer: Callable, requests: list) -> tuple[list[float], list]:
     times, answers = [], []
     for r in requests:
         t0 = time.perf_counter()
-        answers.append(decide(r))
+        answers.append(answer(r).response)
         times.append((time.perf_counter() - t0) * 1e3)
     return times, answers
 
@@ -61,9 +61,9 @@ def in_process(n: int) -> None:
 
     predictor = load_predictor(tracking_uri(), MODEL_NAME, CHAMPION)
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
-    exact, _ = timed(predictor.decide_at, requests)
+    exact, _ = timed(predictor.exact_answer, requests)
     print(f"in-process, recipe at the exact length   {percentiles(exact)}  (every decision before the table)")
-    first, _ = timed(predictor.decide, requests[:12])  # each kind's first request: decided now, the kind queued
+    first, _ = timed(predictor.answer, requests[:12])  # each kind's first request: decided now, the kind queued
     print(f"in-process, first sight of a kind        {percentiles(first)}  (12 kinds: the recipe, now)")
     t0 = time.perf_counter()
     predictor.table.wait(600)
@@ -73,7 +73,7 @@ def in_process(n: int) -> None:
         f"max {max(built):.2f} s, {len(built)} kinds in {time.perf_counter() - t0:.1f} s"
     )
     fresh = [ChunkRequest.model_validate(body(i)) for i in range(n, 2 * n)]  # lengths not asked before
-    steady, answers = timed(predictor.decide, fresh)
+    steady, answers = timed(predictor.answer, fresh)
     sources = {s: sum(a.source == s for a in answers) for s in ("table", "model", "rule")}
     print(f"in-process, table, new lengths           {percentiles(steady)}  sources {sources}")
     ttft = statistics.median(a.predicted_ttft_ms for a in answers)
@@ -82,7 +82,7 @@ def in_process(n: int) -> None:
         f"{statistics.median(steady) / ttft:.4%}, recipe p50 {statistics.median(exact) / ttft:.2%}"
     )
     if predictor.info["schedules"]:  # the same requests asking for a schedule too (priced per length)
-        scheduled, _ = timed(predictor.decide, [r.model_copy(update={"schedule": True}) for r in fresh])
+        scheduled, _ = timed(predictor.answer, [r.model_copy(update={"schedule": True}) for r in fresh])
         print(f"in-process, recipe + schedule            {percentiles(scheduled)}")
     predictor.close()
 

@@ -60,17 +60,20 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from chunkpilot.contract import AttentionConfig
-    from engine.engine import Engine, EngineConfig, Prompt
+    from engine.config import EngineConfig
+    from engine.engine import Engine
     from engine.measure import interleaved
     from engine.policy import parse_policy
+    from engine.workload import Workload
 
     engine = Engine(EngineConfig(model=args.model, threads=args.threads))
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    texts = {n: engine.prompt_text(Prompt(num_tokens=n)) for n, _, _ in configs(args)}
+    for n, _, _ in configs(args):  # the words before any timing
+        engine.text(Workload(n))
 
     def timed(n: int, window: int | None, chunk: str) -> tuple[float, float]:
         calib = calibration_ms(a, b)
-        result = engine.run(texts[n], n, AttentionConfig(window=window), parse_policy(chunk))
+        result = engine.run(Workload(n, AttentionConfig(window=window)), parse_policy(chunk))
         print(
             f"  {n} tokens, window {window}, chunk {chunk}: {result.ttft_ms:.0f} ms (burst {calib:.0f} ms)",
             file=sys.stderr,

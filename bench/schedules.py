@@ -21,18 +21,18 @@ from preamble import model_and_rounds
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, uniform
 from chunkpilot.contract import AttentionConfig
 from chunkpilot.tracking import tracking_uri
-from engine.engine import Engine, Prompt
-from engine.hardware import local_hardware
+from engine.engine import Engine
 from engine.measure import interleaved, median_ratio
 from engine.policy import ChunkPolicy, FixedPolicy, SchedulePolicy
-from engine.predictor_client import make_auto
+from engine.workload import Workload
+from evaluation.auto import auto_for
 
 # (tokens, window, layout): with and without windows
 PROMPTS = [(4000, None, "shift"), (8000, None, "shift"), (6000, 1024, "shift"), (8000, 2048, "ring")]
 
 
-def ttft(engine: Engine, text: str, n: int, attention: AttentionConfig, policy: ChunkPolicy) -> float:
-    return engine.run(text, n, attention, policy).ttft_ms
+def ttft(engine: Engine, workload: Workload, policy: ChunkPolicy) -> float:
+    return engine.run(workload, policy).ttft_ms
 
 
 def two_phase(n: int, best: int, limit: int) -> dict[str, tuple[int, ...]]:
@@ -48,19 +48,18 @@ def two_phase(n: int, best: int, limit: int) -> dict[str, tuple[int, ...]]:
 
 def main() -> None:
     args, engine = model_and_rounds(__doc__)
-    auto = make_auto(local_hardware("float32", engine.runtime.threads), tracking=tracking_uri(), schedule=True)
+    auto = auto_for(engine, tracking=tracking_uri(), schedule=True)
     if auto.predictor.chunk_cost is None:
         raise SystemExit("the champion has no per-chunk cost model: retrain on data with per-chunk times")
     rng = np.random.default_rng(0)
     rows = []
     for n, window, layout in PROMPTS:
         attention = AttentionConfig(window=window, layout=layout)
-        text = engine.prompt_text(Prompt(num_tokens=n))
         sizes, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
-        run = functools.partial(ttft, engine, text, n, attention)
+        run = functools.partial(ttft, engine, Workload(n, attention))
         scan = interleaved({c: functools.partial(run, FixedPolicy(c)) for c in sizes}, 3)
         best = min(sizes, key=lambda c: np.median(scan[c]))
-        predicted = auto.choose(engine.features(n, attention)).schedule
+        predicted = auto.decide(engine.request(n, attention)).schedule
         searches = two_phase(n, best, max(sizes))
         plans = {"best uniform": tuple(uniform(n, best)), "predicted": tuple(predicted), **searches}
         # each distinct plan measured once a round; a name that picked the same plan gets the same times

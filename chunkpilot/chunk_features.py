@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .contract import SHAPE_COLUMNS
-from .features import ATTN_CODES, FEATURES, RUNTIME
+from .features import ATTN_CODES, FEATURES, RUNTIME, linear_flops
 
 # what a chunk's cost can depend on besides q and h: the model, the attention set-up, the machine
 CONFIG = [
@@ -38,12 +38,12 @@ def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarr
     keys_global = h + q
     # sdpa's plain causal path (engine/attention.py) needs no history and a chunk within the layer's
     # window: no [q, keys] mask to build, and the upper triangle skipped, about half the score work.
-    # Every other layer materialises a mask. On the shipped data this one fact took the held-out
-    # p95 regret from 12.0% to 8.2% (one shot, or a window longer than the prompt, was the miss)
+    # Every other layer materialises a mask (one shot, or a window longer than the prompt, was the
+    # per-chunk model's largest miss before this term: docs/training.md)
     causal = (col["attn_impl"] == _SDPA) & (h == 0)
     masked_local, masked_global = 1.0 - (causal & (q <= window)), 1.0 - causal
     d, kv, ff = col["hidden_size"], col["num_kv_heads"], col["intermediate_size"]
-    linear = 2 * q * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
+    linear = linear_flops(q, layers, d, heads, kv, hd, ff)
     scores = local * keys_local * (1 + masked_local) / 2 + (layers - local) * keys_global * (1 + masked_global) / 2
     attention = 4 * heads * hd * q * scores
     compute_ms = (linear + attention) / (col["matmul_gflops"] * 1e9) * 1e3

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
+N = TypeVar("N")  # a number, or a numpy array of them (this module imports no numpy)
 
 # chunk sizes profiled and predicted for by default ("full" = the whole prompt in one chunk)
 MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
@@ -36,6 +37,17 @@ def spread_positions(count: int, context_length: int) -> list[int]:
     """`count` global-token positions spread evenly over a prompt (the profiler's, and the engine's
     when only a count is given)."""
     return sorted({(i + 1) * context_length // (count + 1) for i in range(count)})
+
+
+def chunk_count(context_length: N, chunk: N) -> N:
+    """How many chunks of `chunk` tokens cover the prompt: ints, floats or numpy arrays alike (the
+    features' columns), exact where n / c would round."""
+    return -(-context_length // chunk)
+
+
+def last_chunk(context_length: N, chunk: N) -> N:
+    """The last chunk's tokens: what is left after the full ones (`chunk` itself when it divides)."""
+    return context_length - (chunk_count(context_length, chunk) - 1) * chunk
 
 
 def uniform(context_length: int, chunk: int) -> list[int]:

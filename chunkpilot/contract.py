@@ -13,18 +13,19 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from .chunks import MAX_CONTEXT, clamp_chunk, max_chunk
+from .chunks import MAX_CONTEXT, chunk_count, clamp_chunk, max_chunk
 
 Family = Literal["llama", "mistral", "qwen2", "gemma3"]
 Layout = Literal["shift", "ring"]
 Dtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager"]
 FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl))
+NO_WINDOW = "none"  # the dataset's and the spec's layout without a window (the contract's is window=None)
 MAX_CANDIDATES = 64
 MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
 MAX_MS = 3.6e6  # an hour: the longest time any part accepts
@@ -197,10 +198,24 @@ class AttentionConfig(Contract):
                 "chunk_size", f"a schedule must sum to the prompt's {context_length} tokens; got {sum(schedule)}"
             )
 
+    @classmethod
+    def from_columns(cls, window: int | None, layout: str, sinks: int = 0, global_tokens: int = 0) -> AttentionConfig:
+        """The dataset's and the spec's columns (no window: window 0 or None, layout `none`) as a config:
+        the one place that reads their spelling of "no window"."""
+        return cls(window or None, "shift" if layout == NO_WINDOW else layout, sinks, global_tokens)
+
     @property
     def row_layout(self) -> str:
-        """The dataset's layout column: `none` without a window."""
-        return "none" if self.window is None else self.layout
+        """The dataset's layout column: `none` without a window (read back by `from_columns`)."""
+        return NO_WINDOW if self.window is None else self.layout
+
+    @property
+    def label(self) -> str:
+        """For tables: `no window`, or the window, its layout, sinks and global tokens (`w1024 ring s4`)."""
+        if self.window is None:
+            return "no window"
+        extra = (f" s{self.sinks}" if self.sinks else "") + (f" g{self.global_tokens}" if self.global_tokens else "")
+        return f"w{self.window} {self.layout}{extra}"
 
 
 class Hardware(Contract):
@@ -306,13 +321,11 @@ class ChunkRequest(RequestFeatures):
             global_every=row["global_every"] or None,
             tie_embeddings=row.get("tie_embeddings"),
         )
-        window = int(row["window"]) or None
-        layout = "shift" if row["layout"] == "none" else row["layout"]
         return cls(
             context_length=row["context_length"],
             model=shape,
-            attention=AttentionConfig(
-                window=window, layout=layout, sinks=row["sinks"], global_tokens=row.get("global_tokens") or 0
+            attention=AttentionConfig.from_columns(
+                int(row["window"]), row["layout"], row["sinks"], row.get("global_tokens") or 0
             ),
             dtype=row["dtype"],
             threads=row["threads"],
@@ -344,8 +357,8 @@ class Outcome(Contract):
             raise ConfigError("chunk_size", f"must be <= {self.request.max_chunk} for this request; got {c}")
         if not self.request.hardware.described:
             raise ConfigError("hardware", "needs the machine's descriptors (its id alone may be unknown)")
-        if len(self.chunk_ms) != -(-n // c):
-            raise ConfigError("chunk_ms", f"needs {-(-n // c)} chunk times for {n} tokens in chunks of {c}")
+        if len(self.chunk_ms) != chunk_count(n, c):
+            raise ConfigError("chunk_ms", f"needs {chunk_count(n, c)} chunk times for {n} tokens in chunks of {c}")
         if sum(self.chunk_ms) > self.prefill_ms * 1.05 + 1:  # the chunks run inside the prefill
             raise ConfigError(
                 "chunk_ms", f"sum to {sum(self.chunk_ms):.1f} ms, more than the prefill's {self.prefill_ms:.1f}"
@@ -374,20 +387,9 @@ class Candidate(BaseModel):
     predicted_ttft_ms: float = Field(description="the TTFT the model predicts with it, ms")
 
 
-class Gain(NamedTuple):
-    """Another candidate and what measuring it is expected to save, both relative to the choice: what
-    exploring weighs. Relative, so that every length of a table segment shares its end's (a plain
-    tuple: a decision carries a dozen)."""
-
-    chunk_size: int | Literal["full"]  # "full": the whole prompt, whatever its length
-    ratio: float  # its predicted TTFT / the choice's
-    gain: float  # the expected saving of measuring it, as a share of the choice's predicted TTFT
-
-
 class ChunkResponse(BaseModel):
-    """The service's answer to one request: what it decides, caches, sends and what the engine reads
-    back. `gains` (each other candidate and what measuring it is expected to save, relative to the
-    choice) stays in the service: exploring reads it, the wire does not carry it."""
+    """The service's answer to one request: what it sends and what the engine reads back (the service
+    holds it with what only it reads: predictor.answer.Answer)."""
 
     chunk_size: int = Field(description="the chunk size to prefill with, tokens (the prompt's length: one shot)")
     predicted_ttft_ms: float = Field(description="the TTFT the model predicts with that size, ms")
@@ -414,17 +416,6 @@ class ChunkResponse(BaseModel):
         description="the lengths [first, last] of this kind of request the answer holds for (a chunk_size "
         "equal to the length: each one's whole prompt); null: for this length only",
     )
-    # a slot, not a PrivateAttr: read on every answer, and pydantic's private attributes cost
-    # microseconds each way; a copy (model_copy) or a parsed answer has none
-    __slots__ = ("_gains",)
-
-    @property
-    def gains(self) -> tuple[Gain, ...]:
-        return getattr(self, "_gains", ())
-
-    def with_gains(self, gains: tuple[Gain, ...]) -> ChunkResponse:
-        object.__setattr__(self, "_gains", gains)
-        return self
 
 
 PRESETS: dict[str, ModelShape] = {

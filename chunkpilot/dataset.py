@@ -23,10 +23,12 @@ import pyarrow.parquet as pq
 from annotated_types import Ge, Gt, Le
 
 from chunkpilot import plausibility
+from chunkpilot.chunks import last_chunk
 from chunkpilot.contract import (
     ATTN_IMPLS,
     DTYPES,
     LAYOUTS,
+    NO_WINDOW,
     PRESETS,
     AttentionConfig,
     ChunkRequest,
@@ -41,7 +43,7 @@ from chunkpilot.paths import inside
 HARNESS_VERSION = "4"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`; older files read
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
-TELEMETRY = Path("data/ttft/telemetry")  # the default partition of the engine's own prefills
+TELEMETRY_DIR = Path("data/ttft/telemetry")  # the default partition of the engine's own prefills
 TELEMETRY_PREFIX = "telemetry-"  # their config keys
 
 _int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()
@@ -111,7 +113,7 @@ def _bounds() -> dict[str, tuple[float, bool, float | None]]:
 
 _BOUNDS = _bounds()
 # the contract's names (a row's layout is `none` without a window)
-_CHOICES = {"layout": ("none", *LAYOUTS), "dtype": DTYPES, "attn_impl": ATTN_IMPLS}
+_CHOICES = {"layout": (NO_WINDOW, *LAYOUTS), "dtype": DTYPES, "attn_impl": ATTN_IMPLS}
 
 
 class DataError(ConfigError):
@@ -243,7 +245,7 @@ def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
                 "chunk_size": c,
                 "is_full": c == n,
                 "num_chunks": m,
-                "last_chunk": n - (m - 1) * c,
+                "last_chunk": last_chunk(n, c),
                 "tokenize_ms": o.tokenize_ms,
                 "prefill_ms": o.prefill_ms,
                 "first_decode_ms": o.first_decode_ms,

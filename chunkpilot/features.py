@@ -11,6 +11,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .chunks import chunk_count, last_chunk
+from .contract import NO_WINDOW
+
 Num = float | np.ndarray  # a column, or one value shared by every row
 
 # What a row must provide (dataset columns; the service fills the same names from a request).
@@ -22,7 +25,7 @@ INPUT_COLUMNS = (
     "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes",
 )
 # fmt: on
-LAYOUT_CODES = {"none": 0, "shift": 1, "ring": 2}
+LAYOUT_CODES = {NO_WINDOW: 0, "shift": 1, "ring": 2}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ATTN_CODES = {"sdpa": 0, "eager": 1}
 # how a model runs and on what: the features that, with the shape, make a kind of request
@@ -51,8 +54,7 @@ def keys_sum(n: Num, c: Num, window: Num) -> Num:
     to the last `window` tokens plus the chunk (window = inf: no limit). Closed form, no loop:
     all chunks but the last have c queries and min(start, window) + c keys."""
     window = np.minimum(window, n)  # a window as long as the prompt limits nothing; keeps it finite
-    m = np.ceil(n / c)
-    last = n - (m - 1) * c
+    m, last = chunk_count(n, c), last_chunk(n, c)
     full = m - 1  # chunks of exactly c tokens
     below = np.minimum(full, np.floor(window / c) + 1)  # of those, starts k*c still <= window
     starts = c * below * (below - 1) / 2 + window * (full - below)
@@ -68,7 +70,7 @@ def linear_flops(tokens: Num, layers: Num, d: Num, heads: Num, kv: Num, hd: Num,
 def history_sum(n: Num, c: Num, window: Num) -> Num:
     """Sum over chunks of the history each chunk attends to, min(start, window). Closed form."""
     window = np.minimum(window, n)
-    m = np.ceil(n / c)
+    m = chunk_count(n, c)
     below = np.minimum(m, np.floor(window / c) + 1)  # chunks whose start k*c is still <= window
     return c * below * (below - 1) / 2 + window * (m - below)
 
@@ -109,7 +111,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     local_layers = _where(has_window, _where(every > 0, layers - np.floor(layers / np.maximum(every, 1)), layers), 0.0)
     global_layers = layers - local_layers
 
-    m = np.ceil(n / c)
+    m = chunk_count(n, c)
     d, ff = f["hidden_size"], f["intermediate_size"]
     linear = linear_flops(n, layers, d, heads, kv, hd, ff)
     # global tokens: seen by the queries past the window, about half of those on average

@@ -23,9 +23,9 @@ from pathlib import Path
 from chunkpilot.dataset import DataError, read_file
 from chunkpilot.paths import UnsafePath, inside
 
-PROFILING, TELEMETRY = "profiling", "telemetry"  # the experiments whose runs publish partitions
+PROFILING_EXPERIMENT, TELEMETRY_EXPERIMENT = "profiling", "telemetry"  # the experiments whose runs publish partitions
 PARTITION = "partition."  # tag prefix: partition.<hardware id>/<name> -> SHA-256 of the uploaded file
-HARDWARE, SPEC = "hardware_id", "spec"  # run tags: which machine (profiling runs), which spec's rows
+HARDWARE_TAG, SPEC_TAG = "hardware_id", "spec"  # run tags: which machine (profiling runs), which spec's rows
 
 
 def sha256(path: Path) -> str:
@@ -70,14 +70,15 @@ class Publisher:
         """Publish a profiler's finished files in `directory` (one machine's of `spec`) that no run
         has listed: an earlier run was killed, or ran without a server. Returns how many."""
         hardware_id = directory.name
-        runs = _runs(self.client, f"tags.{HARDWARE} = '{hardware_id}' and tags.{SPEC} = '{spec}'")
+        runs = _runs(self.client, f"tags.{HARDWARE_TAG} = '{hardware_id}' and tags.{SPEC_TAG} = '{spec}'")
         done = {name for run in runs for hw, name in listed(run) if hw == hardware_id}
         return sum(self.publish(p) for p in sorted(Path(directory).glob("*.parquet")) if p.stem not in done)
 
 
 def _runs(client, filter_string: str = "") -> list:
     """Every run of the publishing experiments matching `filter_string`, oldest first."""
-    experiments = [e.experiment_id for e in map(client.get_experiment_by_name, (PROFILING, TELEMETRY)) if e]
+    publishing = map(client.get_experiment_by_name, (PROFILING_EXPERIMENT, TELEMETRY_EXPERIMENT))
+    experiments = [e.experiment_id for e in publishing if e]
     runs, token = [], None
     while experiments:
         page = client.search_runs(
@@ -131,7 +132,7 @@ def gather(client, root: Path, cache: Path | None = None) -> Gathered:
     gathered, copied = Gathered(Path(root)), []
     with tempfile.TemporaryDirectory() as tmp:
         for (hardware_id, name), (run, digest) in latest.items():
-            run_id, spec = run.info.run_id, run.data.tags.get(SPEC, PROFILING)
+            run_id, spec = run.info.run_id, run.data.tags.get(SPEC_TAG, PROFILING_EXPERIMENT)
             where = f"run {run_id}, partition {hardware_id}/{name}"
             try:  # tags any writer of the tracking store can set: the copy stays under `root`
                 target = inside(gathered.root, spec, hardware_id, name, suffix=".parquet")
@@ -151,7 +152,7 @@ def gather(client, root: Path, cache: Path | None = None) -> Gathered:
             gathered.downloaded += downloaded
             copied.append((hardware_id, run))
     gathered.runs = list(dict.fromkeys(run.info.run_id for _, run in copied))
-    gathered.telemetry = sum(run.data.tags.get(SPEC) == TELEMETRY for _, run in copied)
+    gathered.telemetry = sum(run.data.tags.get(SPEC_TAG) == TELEMETRY_EXPERIMENT for _, run in copied)
     gathered.profiled = len(copied) - gathered.telemetry
     gathered.machines = sorted({hardware_id for hardware_id, _ in copied})
     return gathered

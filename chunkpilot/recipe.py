@@ -31,31 +31,33 @@ RECIPE_FILE = "recipe.json"
 
 
 @dataclass(frozen=True)
-class Chooser:
-    z: float = 1.0  # do no harm within z standard deviations of the predicted saving; 0: plain argmin
-
-    def choose(self, members: np.ndarray, rule: int | None, noise: np.ndarray | None = None) -> tuple[int, bool]:
-        """(the chosen candidate's index, whether do-no-harm sent it to the rule's size) from
-        `members` [K, candidates] log ms; `rule` is the rule's index among the candidates; `noise`
-        [candidates, candidates] the variance the correction adds to each difference."""
-        mean = members.mean(0)
-        best = int(np.argmin(mean))
-        if self.z <= 0 or rule is None or best == rule:
-            return best, False
-        saving = members[:, rule] - members[:, best]  # [K] each member's own predicted saving
-        added = 0.0 if noise is None else noise[rule, best]
-        if saving.mean() <= self.z * np.sqrt(saving.var() + added):
-            return rule, True
-        return best, False
-
-
-@dataclass(frozen=True)
 class Choice:
+    """What the chooser picks among one config's candidates, and how sure the members are of it."""
+
     index: int  # among the candidates
     deferred: bool  # do-no-harm took the rule's size
     log_ms: np.ndarray  # [candidates] the members' mean
     spread: np.ndarray  # [candidates] the members' standard deviation of log ms
     gain_sd: np.ndarray  # [candidates] the members' standard deviation of (candidate - choice)
+
+
+@dataclass(frozen=True)
+class Chooser:
+    z: float = 1.0  # do no harm within z standard deviations of the predicted saving; 0: plain argmin
+
+    def pick(self, members: np.ndarray, rule: int | None, noise: np.ndarray | None = None) -> Choice:
+        """The choice among the candidates from `members` [K, candidates] log ms; `rule` is the rule's
+        index among them; `noise` [candidates, candidates] the variance the correction adds to each
+        difference."""
+        mean = members.mean(0)
+        index, deferred = int(np.argmin(mean)), False
+        if self.z > 0 and rule is not None and index != rule:
+            saving = members[:, rule] - members[:, index]  # [K] each member's own predicted saving
+            added = 0.0 if noise is None else noise[rule, index]
+            if saving.mean() <= self.z * np.sqrt(saving.var() + added):
+                index, deferred = rule, True
+        gain_var = (members - members[:, [index]]).var(0) + (0.0 if noise is None else noise[:, index])
+        return Choice(index, deferred, mean, members.std(0), np.sqrt(gain_var))
 
 
 @dataclass
@@ -89,16 +91,11 @@ class Recipe:
         """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
         return self.cost.members(x, self._adjust())
 
-    def choose(self, members: np.ndarray, rule: int | None, noise: np.ndarray | None = None) -> Choice:
-        index, deferred = self.chooser.choose(members, rule, noise)
-        gain_var = (members - members[:, [index]]).var(0) + (0.0 if noise is None else noise[:, index])
-        return Choice(index, deferred, members.mean(0), members.std(0), np.sqrt(gain_var))
-
-    def decide(self, x: np.ndarray, rule: int | None) -> Choice:
+    def pick(self, x: np.ndarray, rule: int | None) -> Choice:
         """One config's candidates, `x` [candidates, FEATURES]: the service's call. Without a learnt
-        correction it is exactly cross-validation's `choose` on the same members."""
+        correction it is exactly cross-validation's `chooser.pick` on the same members."""
         noise = None if self._adjust() is None else self.correction.difference_variance(x)
-        return self.choose(self.members(x), rule, noise)
+        return self.chooser.pick(self.members(x), rule, noise)
 
     def residuals(self, x: np.ndarray, chunk_ms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One measured prefill of the uniform plan `x` [1, FEATURES]: (its chunks' config rows, query

@@ -17,7 +17,7 @@ from .tracking import quiet_mlflow
 MODEL_NAME = "chunk-size-predictor"
 CHAMPION, CHALLENGER = "champion", "challenger"
 RECIPE = "recipe"  # run param: the registered recipe's name and params (chunkpilot.recipe.Recipe.params)
-HARDWARE = "hardware.json"  # the machines of the training data, by hardware_id
+HARDWARE_FILE = "hardware.json"  # the machines of the training data, by hardware_id
 LAST_RETRAIN = "last_retrain"  # registered-model tag: what the latest training did, or why it failed
 WAITS = "waits_for_telemetry"  # version tag of a challenger that `settle` may promote
 
@@ -88,7 +88,7 @@ def _download(tracking_uri: str, dst: Path, name: str, alias: str, version: str 
                 "retrain it (chunkpilot train)"
             )
         hardware = mlflow.artifacts.download_artifacts(
-            run_id=version.run_id, artifact_path=HARDWARE, tracking_uri=tracking_uri, dst_path=str(dst)
+            run_id=version.run_id, artifact_path=HARDWARE_FILE, tracking_uri=tracking_uri, dst_path=str(dst)
         )
         run = client.get_run(version.run_id)
         return Stored(

@@ -1,7 +1,7 @@
 """`chunkpilot demo`, the main job end to end: profile this machine briefly, train and register
 (through the promotion gate), serve the champion, let it learn this machine from a short workload
 of its own prefills (telemetry on, bounded exploration), then compare `auto`, fixed 1024 and the
-hand rule on other prompts of the same kinds with the evaluator (engine/comparison.py): TTFT and
+hand rule on other prompts of the same kinds with the evaluator (evaluation/comparison.py): TTFT and
 regret per prompt and policy, and auto's saving over each with its 95% interval. The comparison's
 own measurements never reach the model (it measures fixed sizes; auto is only asked)."""
 
@@ -12,8 +12,8 @@ import os
 import time
 from pathlib import Path
 
-from chunkpilot.contract import number
-from engine.comparison import PromptCase
+from chunkpilot.contract import AttentionConfig, number
+from engine.workload import Workload
 
 from .processes import free_port, start_service, wait_ready
 
@@ -21,24 +21,24 @@ HELP = "the main job: profile briefly, train, serve, learn from prefills, compar
 # the deployment's own prompts, learnt from: the same kinds as the comparison's (no window, shift and
 # ring windows, sinks), none of their lengths or windows
 LEARN = [
-    PromptCase(900),
-    PromptCase(2000),
-    PromptCase(4500),
-    PromptCase(2000, 768, "shift"),
-    PromptCase(5000, 1536, "shift"),
-    PromptCase(12000, 1024, "shift"),
-    PromptCase(4000, 1024, "ring"),
-    PromptCase(1800, 384, "ring", 4),
+    Workload(900),
+    Workload(2000),
+    Workload(4500),
+    Workload(2000, AttentionConfig(768, "shift")),
+    Workload(5000, AttentionConfig(1536, "shift")),
+    Workload(12000, AttentionConfig(1024, "shift")),
+    Workload(4000, AttentionConfig(1024, "ring")),
+    Workload(1800, AttentionConfig(384, "ring", 4)),
 ]
 LEARN_PASSES = 3  # each learning prompt (other words each time)
 # lengths and attention set-ups in neither the demo's profile grid nor the learning workload
 PROMPTS = [
-    PromptCase(1200),
-    PromptCase(3000),
-    PromptCase(3000, 1024, "shift"),
-    PromptCase(6000, 512, "ring"),
-    PromptCase(2500, 256, "ring", 4),
-    PromptCase(9000, 2048, "shift"),
+    Workload(1200),
+    Workload(3000),
+    Workload(3000, AttentionConfig(1024, "shift")),
+    Workload(6000, AttentionConfig(512, "ring")),
+    Workload(2500, AttentionConfig(256, "ring", 4)),
+    Workload(9000, AttentionConfig(2048, "shift")),
 ]
 
 
@@ -134,28 +134,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
+def learn_with_service(model: str, url: str, workloads: list[Workload], passes: int) -> str:
     """The deployment's own workload through `auto` with telemetry on: each prefill's chunk times go
     to the service, whose correction learns from them at once (and explores within its budget)."""
+    import dataclasses
+
     import httpx
 
-    from engine.engine import Engine, EngineConfig, Prompt
-    from engine.hardware import local_hardware
-    from engine.predictor_client import make_auto
+    from engine.config import EngineConfig
+    from engine.engine import Engine
     from engine.telemetry import Reporter, to_service
+    from evaluation.auto import auto_for
 
     engine = Engine(EngineConfig(model=model))
     reporter = Reporter(to_service(url), capacity=4096)
-    auto = make_auto(
-        local_hardware(engine.config.dtype, engine.runtime.threads), service=url, timeout_s=0.5, reporter=reporter
-    )
+    auto = auto_for(engine, service=url, timeout_s=0.5, reporter=reporter)
     explored = 0
     try:
         for k in range(passes):
-            for case in cases:
-                text = engine.prompt_text(Prompt(num_tokens=case.tokens, seed=k + 1))  # other words each pass
-                result = engine.run(text, case.tokens, case.attention, auto)
-                explored += result.decision_explored
+            for workload in workloads:  # other words each pass
+                explored += engine.run(dataclasses.replace(workload, seed=k + 1), auto).decision.explored
     finally:
         auto.close()  # flushes the telemetry
     learnt = httpx.get(f"{url}/v1/model").json().get("learnt_from_prefills", 0)
@@ -167,35 +165,34 @@ def learn_with_service(model: str, url: str, cases: list, passes: int) -> str:
 
 
 def compare_with_service(
-    model: str, url: str, max_rounds: int, cases: list | None = None, deadline: float | None = None
+    model: str, url: str, max_rounds: int, workloads: list[Workload] | None = None, deadline: float | None = None
 ) -> str:
     """The demo's comparison: `auto` asking the service, fixed 1024, the hand rule and the simple rule
-    (one shot without a window, else the hand rule), measured by
-    the one evaluator (engine/comparison.py) until the savings are settled, `deadline` passes or
-    `max_rounds` do."""
+    (one shot without a window, else the hand rule), measured by the one evaluator
+    (evaluation/comparison.py) until the savings are settled, `deadline` passes or `max_rounds` do."""
     from chunkpilot.chunks import simple_rule
-    from engine.comparison import evaluate, format_evaluation
-    from engine.engine import Engine, EngineConfig
-    from engine.hardware import local_hardware
+    from engine.config import EngineConfig
+    from engine.engine import Engine
     from engine.policy import FixedPolicy, RulePolicy
-    from engine.predictor_client import make_auto
+    from evaluation.auto import auto_for
+    from evaluation.comparison import evaluate, format_evaluation
 
     engine = Engine(EngineConfig(model=model))
-    auto = make_auto(local_hardware(engine.config.dtype, engine.runtime.threads), service=url)
+    auto = auto_for(engine, service=url)
     policies = {
         "auto": auto,
         "fixed 1024": FixedPolicy(1024, capped=True),
         "hand rule": RulePolicy(),
         "simple rule": RulePolicy("simple-rule", simple_rule),
     }
-    cases = cases or PROMPTS
+    workloads = workloads or PROMPTS
     try:
-        tabled = auto.warm_up([engine.features(c.tokens, c.attention) for c in cases])
-        print(f"the service's decision table answers {tabled} of {len(cases)} prompts (built before any timing)")
+        tabled = auto.warm_up([engine.request(w.context_length, w.attention) for w in workloads])
+        print(f"the service's decision table answers {tabled} of {len(workloads)} prompts (built before any timing)")
         result = evaluate(
             engine,
             policies,
-            cases,
+            workloads,
             [("auto", "hand rule"), ("auto", "fixed 1024"), ("auto", "simple rule")],
             full_rounds=FULL_ROUNDS,
             min_rounds=5,  # a bootstrap over 5 rounds has 126 distinct resamples

@@ -7,24 +7,31 @@ import argparse
 import os
 from pathlib import Path
 
-from chunkpilot.contract import ATTN_IMPLS, DTYPES, LAYOUTS, AttentionConfig, ConfigError, number
+from chunkpilot.contract import AttentionConfig, ConfigError, number
+from engine.config import EngineConfig
 from engine.policy import DECISION_TIMEOUT_S
+
+from .fields import add_fields, values
+
+ENGINE_FLAGS = {
+    "model": "--model",
+    "dtype": "--dtype",
+    "threads": "--threads",
+    "attn_impl": ("--attn-impl", "--attn"),
+    "device": "--device",
+    "seed": "--seed",
+    "compile": "--compile",
+}
+ATTENTION_FLAGS = {"layout": "--kv-layout", "sinks": "--sinks"}  # --window: the model's own by default
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="mistral-44m", help="preset, checkpoint folder or JSON/YAML shape file")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
-    parser.add_argument("--threads", help="torch threads (default: every core)")
-    parser.add_argument("--attn-impl", "--attn", default="sdpa", choices=ATTN_IMPLS, help="attention implementation")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--seed", default="0", help="seed of random weights (presets and shape files)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (the warm-up compiles)")
+    add_fields(parser, EngineConfig, ENGINE_FLAGS)
 
 
 def add_attention_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", help="sliding window in tokens, or 'none' (default: the model's own)")
-    parser.add_argument("--kv-layout", default="shift", choices=LAYOUTS)
-    parser.add_argument("--sinks", default="0", help="first tokens every query sees besides the window")
+    add_fields(parser, AttentionConfig, ATTENTION_FLAGS)
     parser.add_argument(
         "--global-tokens",
         action="append",
@@ -100,28 +107,24 @@ def compare(args: argparse.Namespace) -> str:
 def auto_from_args(args: argparse.Namespace, engine):
     """The `auto` policy for this engine: over HTTP, or in-process with --in-process."""
     from chunkpilot.tracking import tracking_uri
-    from engine.hardware import local_hardware
-    from engine.predictor_client import make_auto
     from engine.telemetry import Reporter, to_partition, to_service
+    from evaluation.auto import auto_for
 
     timeout_ms = number("predictor_timeout_ms", args.predictor_timeout_ms, int, ge=1, le=60_000)
-    hardware = local_hardware(engine.config.dtype, engine.runtime.threads, engine.config.device)
     if args.in_process:
-        from chunkpilot.dataset import TELEMETRY
+        from chunkpilot.dataset import TELEMETRY_DIR
 
-        directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY)
+        directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY_DIR)
         reporter = None if args.no_telemetry else Reporter(to_partition(directory))
-        return make_auto(hardware, tracking=tracking_uri(), reporter=reporter, schedule=args.schedule)
+        return auto_for(engine, tracking=tracking_uri(), reporter=reporter, schedule=args.schedule)
     reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url, args.predictor_token))
-    return make_auto(
-        hardware, service=args.predictor_url, timeout_s=timeout_ms / 1e3, reporter=reporter, schedule=args.schedule
+    return auto_for(
+        engine, service=args.predictor_url, timeout_s=timeout_ms / 1e3, reporter=reporter, schedule=args.schedule
     )
 
 
-def engine_config(args: argparse.Namespace):
-    from engine.engine import EngineConfig
-
-    return EngineConfig(args.model, args.dtype, args.threads, args.attn_impl, args.device, args.seed, args.compile)
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**values(args, ENGINE_FLAGS))
 
 
 def global_tokens(args: argparse.Namespace):
@@ -133,4 +136,4 @@ def global_tokens(args: argparse.Namespace):
 
 def attention_config(args: argparse.Namespace, model_window: int | None) -> AttentionConfig:
     window = {None: model_window, "none": None}.get(args.window, args.window)
-    return AttentionConfig(window=window, layout=args.kv_layout, sinks=args.sinks)
+    return AttentionConfig(window=window, **values(args, ATTENTION_FLAGS))

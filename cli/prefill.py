@@ -63,19 +63,19 @@ def run(args: argparse.Namespace) -> int:
         return run_stream(args, policy)
     repeats = number("repeats", args.repeats, int, ge=1, le=1000)
     text = read_prompt(args)
-    num_tokens = None if args.context_length is None else number("context_length", args.context_length, int, ge=1)
+    length = None if args.context_length is None else number("context_length", args.context_length, int, ge=1)
 
-    from engine.engine import Engine, Prompt
+    from engine.engine import Engine
+    from engine.workload import Workload
 
     config = engine_config(args)
     engine = Engine(config)
     policy = policy or auto_from_args(args, engine)
-    attention = attention_config(args, engine.shape.window)
+    workload = Workload(length, attention_config(args, engine.shape.window), globals_, text)
     try:
-        measurement = engine.measure(Prompt(text, num_tokens), attention, policy, repeats, 1, globals_)
+        measurement = engine.measure(workload, policy, repeats)
     finally:
-        if hasattr(policy, "close"):  # `auto`: flushes its telemetry
-            policy.close()
+        policy.close()  # `auto`: flushes its telemetry
     report = {
         "config": {
             "model": args.model,
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
             "parameters": engine.shape.parameters,
             "shape": engine.shape.model_dump(),
             "attention": {
-                "window": attention.window,
-                "layout": attention.layout,
-                "sinks": attention.sinks,
+                "window": workload.attention.window,
+                "layout": workload.attention.layout,
+                "sinks": workload.attention.sinks,
                 "global_tokens": measurement.runs[0].global_tokens,
             },
             "dtype": config.dtype,
@@ -126,9 +126,9 @@ def format_report(report: dict) -> str:
         f"model     {cfg['model']} ({cfg['family']}, {cfg['parameters'] / 1e6:.1f}M params) {cfg['dtype']} "
         f"attn={cfg['attn_impl']} on {rt['device']}, {rt['threads']} threads",
         f"window    {window}",
-        f"prompt    {report['context_length']} tokens, {chunks} ({report['decision_source']}) "
+        f"prompt    {report['context_length']} tokens, {chunks} ({report['decision']['source']}) "
         f"-> {report['num_chunks']} chunks",
-        *([f"fallback  {report['decision_reason']}"] if report["decision_reason"] else []),
+        *([f"fallback  {report['decision']['reason']}"] if report["decision"]["reason"] else []),
         f"memory    KV cache {report['kv_cache_bytes'] / 2**20:.1f} MiB, "
         f"peak {report['peak_memory_bytes'] / 2**20:.0f} MiB",
         f"runtime   {rt['allocator']}; torch {rt['torch_version']}, transformers {rt['transformers_version']}",

@@ -4,6 +4,7 @@ prepared (tokenized, its chunk decided) during the previous one's prefill unless
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -53,41 +54,34 @@ def read_lines(path: Path) -> list[StreamLine]:
 def run_stream(args: argparse.Namespace, policy) -> int:
     lines = read_lines(args.prompts)
 
-    from engine.engine import Engine, Prompt
-    from engine.stream import StreamRequest, stream
+    from engine.engine import Engine
+    from engine.stream import stream
+    from engine.workload import Workload
 
     engine = Engine(engine_config(args))
     policy = policy or auto_from_args(args, engine)
     attention = attention_config(args, engine.shape.window)
     globals_ = global_tokens(args)
-    requests = [
-        StreamRequest(
-            engine.prompt_text(Prompt(line.text, line.context_length, line.seed)),
-            line.context_length,
-            attention,
-            globals_,
-        )
-        for line in lines
-    ]
+    workloads = [Workload(line.context_length, attention, globals_, line.text, line.seed) for line in lines]
+    workloads = [dataclasses.replace(w, text=engine.text(w)) for w in workloads]  # every text before the first
     overlap = not args.no_overlap
     try:
-        engine.run(requests[0].text, requests[0].max_tokens, attention, policy, globals_)  # warm-up, not reported
+        engine.run(workloads[0], policy)  # warm-up, not reported
         if not args.json:
             print(
                 f"{'#':>3}{'tokens':>8}{'chunk':>7}  {'source':<10}{'tokenize':>9}{'decide':>8}{'prefill':>10}"
                 f"{'TTFT':>10}  (ms; overlap {'on' if overlap else 'off'})"
             )
-        for i, result in enumerate(stream(engine, requests, policy, overlap), 1):
+        for i, result in enumerate(stream(engine, workloads, policy, overlap), 1):
             if args.json:
                 print(json.dumps({"request": i, "overlap": overlap, **result.to_dict()}), flush=True)
             else:
                 print(
-                    f"{i:>3}{result.context_length:>8}{result.chunk_size:>7}  {result.decision_source:<10}"
+                    f"{i:>3}{result.context_length:>8}{result.chunk_size:>7}  {result.decision.source:<10}"
                     f"{result.tokenize_ms:>9.1f}{result.decision_ms:>8.2f}{result.prefill_ms:>10.1f}"
                     f"{result.ttft_ms:>10.1f}",
                     flush=True,
                 )
     finally:
-        if hasattr(policy, "close"):
-            policy.close()
+        policy.close()
     return 0

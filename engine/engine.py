@@ -2,50 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import asdict, dataclass, field
 
 import torch
-from pydantic import Field, model_validator
 
 from chunkpilot.chunks import spread_positions, uniform
-from chunkpilot.contract import AttentionConfig, AttnImpl, ConfigError, Contract, Dtype, RequestFeatures, number
+from chunkpilot.contract import AttentionConfig, ConfigError, RequestFeatures, number
 
 from . import runtime
-from .global_tokens import GlobalTokens
+from .config import EngineConfig
 from .kv_cache import ChunkCache
 from .measure import interleaved
 from .models import load_model
 from .policy import ChunkPolicy, Decision
 from .prefill import clock_ms, decode_one_token, prefill
 from .tokenizer import load_tokenizer, synthetic_text
-
-
-class EngineConfig(Contract):
-    model: str = "mistral-44m"  # preset, checkpoint folder or shape file
-    dtype: Dtype = "float32"
-    threads: int | None = Field(default=None, ge=1, le=1024, description="None: every core")
-    attn_impl: AttnImpl = "sdpa"
-    device: str = "cpu"
-    seed: int = Field(default=0, ge=0, description="random weights of presets and shape files")
-    compile: bool = False  # torch.compile(dynamic=True) of the model's forward; the warm-up compiles
-
-    @model_validator(mode="after")
-    def _device_present(self) -> EngineConfig:
-        if self.device != "cpu" and not (self.device.startswith("cuda") and torch.cuda.is_available()):
-            raise ConfigError(
-                "device", f"must be cpu{' or cuda' if torch.cuda.is_available() else ''}; got {self.device!r}"
-            )
-        return self
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A text prompt, or synthetic text of `num_tokens` tokens; `num_tokens` also caps a text."""
-
-    text: str | None = None
-    num_tokens: int | None = None
-    seed: int = 0
+from .workload import Workload
 
 
 @dataclass(frozen=True)
@@ -67,10 +41,7 @@ class TTFTResult:
     schedule: list[int] | None  # the chunk sizes, when the policy chose a schedule
     global_tokens: int  # tokens every later query saw besides the window (selective SWA)
     num_chunks: int
-    decision_source: str
-    decision_model_version: str | None
-    decision_reason: str | None  # why `auto` fell back to the rule, when it did
-    decision_explored: bool  # the service answered another candidate than its pick, to learn from it
+    decision: Decision  # the policy's, whole: where it came from, the model version, a fallback's reason
     first_token: int
     tokenize_ms: float
     decision_ms: float
@@ -117,62 +88,54 @@ class Engine:
             self.model.forward = torch.compile(self.model.forward, dynamic=True)
         self.shape = self.loaded.shape
         self.tokenizer = load_tokenizer(self.loaded.checkpoint, self.shape.vocab_size)
+        # a few lengths and seeds at a time: the comparison's prompts, a stream's, a profiled config's
+        self._synthetic = functools.lru_cache(maxsize=64)(functools.partial(synthetic_text, self.tokenizer))
 
     @property
     def runtime(self) -> runtime.RuntimeInfo:
         return runtime.current()  # a profiling worker changes threads between configs
 
-    def prompt_text(self, prompt: Prompt) -> str:
-        """The text to tokenize (made before the clock starts)."""
-        if prompt.text is not None:
-            return prompt.text
-        if prompt.num_tokens is None:
+    def text(self, workload: Workload) -> str:
+        """The words to tokenize, made before the clock starts: a synthetic text is made once per
+        (length, seed) and kept, so repeats and rounds of a workload pay for it once."""
+        if workload.text is not None:
+            return workload.text
+        if workload.context_length is None:
             raise ConfigError("prompt", "give a text, a file or a context length")
-        return synthetic_text(self.tokenizer, self.check_context(prompt.num_tokens), prompt.seed)
+        return self._synthetic(self.check_context(workload.context_length), workload.seed)
 
     def check_context(self, n: int) -> int:
         """A prompt of n tokens plus the first decode step must fit the model's positions."""
         return number("context_length", n, int, ge=1, le=self.shape.max_position - 1)
 
-    def features(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
+    def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
+        """What the policy is asked about a prompt of this length and attention on this engine."""
         return RequestFeatures(
             context_length, self.shape, attention, self.config.dtype, self.runtime.threads, self.config.attn_impl
         )
 
-    def run(
-        self,
-        text: str,
-        max_tokens: int | None,
-        attention: AttentionConfig,
-        policy: ChunkPolicy,
-        global_tokens: GlobalTokens | None = None,
-    ) -> TTFTResult:
+    def run(self, workload: Workload, policy: ChunkPolicy) -> TTFTResult:
         """One request, timed: tokenize, ask the policy, prefill in chunks, first decode step."""
+        self.text(workload)  # synthetic words are made before the clock
         started = clock_ms(self.device)
-        return self.execute(self.prepare(text, max_tokens, attention, policy, global_tokens), policy, started)
+        return self.execute(self.prepare(workload, policy), policy, started)
 
-    def prepare(
-        self,
-        text: str,
-        max_tokens: int | None,
-        attention: AttentionConfig,
-        policy: ChunkPolicy,
-        global_tokens: GlobalTokens | None = None,
-    ) -> Prepared:
-        """Tokenize, find the global tokens (`global_tokens`, else `attention.global_tokens` spread
-        evenly) and ask the policy: what a stream does for the next request during this one's prefill."""
+    def prepare(self, workload: Workload, policy: ChunkPolicy) -> Prepared:
+        """Tokenize, find the global tokens (`workload.global_tokens`, else `attention.global_tokens`
+        spread evenly) and ask the policy: what a stream does for the next request during this one's prefill."""
+        text, attention = self.text(workload), workload.attention
         t0 = clock_ms(self.device)
-        ids = self.tokenizer.encode(text).ids[:max_tokens]
+        ids = self.tokenizer.encode(text).ids[: workload.context_length]
         tensor = torch.tensor([ids], device=self.device)  # [1, N]
         t1 = clock_ms(self.device)
         n = self.check_context(len(ids))
-        if global_tokens is None:
+        if workload.global_tokens is None:
             positions = spread_positions(attention.global_tokens, n)
         else:
-            positions = global_tokens.resolve(ids, lambda marker: self.tokenizer.encode(marker).ids)
+            positions = workload.global_tokens.resolve(ids, lambda marker: self.tokenizer.encode(marker).ids)
             attention = AttentionConfig(**{**attention.model_dump(), "global_tokens": len(positions)})
-        request = self.features(n, attention)
-        decision = policy.choose(request)
+        request = self.request(n, attention)
+        decision = policy.decide(request)
         return Prepared(tensor, request, decision, t1 - t0, clock_ms(self.device) - t1, positions)
 
     @torch.inference_mode()
@@ -197,10 +160,7 @@ class Engine:
             schedule=list(decision.schedule) if decision.schedule else None,
             global_tokens=len(prepared.global_positions),
             num_chunks=len(chunk_ms),
-            decision_source=decision.source,
-            decision_model_version=decision.model_version,
-            decision_reason=decision.reason,
-            decision_explored=decision.explored,
+            decision=decision,
             first_token=int(first),
             tokenize_ms=prepared.tokenize_ms,
             decision_ms=prepared.decision_ms,
@@ -212,24 +172,10 @@ class Engine:
             peak_memory_bytes=runtime.peak_memory_bytes(self.device),
             first_logits=logits[0].float(),
         )
-        if hasattr(policy, "observe"):  # a learning policy hears how its choice went (after the clock)
-            policy.observe(request, result)
+        policy.observe(request, result)  # a learning policy hears how its choice went (after the clock)
         return result
 
-    def measure(
-        self,
-        prompt: Prompt,
-        attention: AttentionConfig,
-        policy: ChunkPolicy,
-        repeats: int = 3,
-        warmup: int = 1,
-        global_tokens: GlobalTokens | None = None,
-    ) -> Measurement:
+    def measure(self, workload: Workload, policy: ChunkPolicy, repeats: int = 3, warmup: int = 1) -> Measurement:
         number("repeats", repeats, int, ge=1, le=1000)
-        text = self.prompt_text(prompt)
-
-        def once() -> TTFTResult:
-            return self.run(text, prompt.num_tokens, attention, policy, global_tokens)
-
-        runs = interleaved({policy.name: once}, repeats, warmup)
+        runs = interleaved({policy.name: lambda: self.run(workload, policy)}, repeats, warmup)
         return Measurement(runs[policy.name])

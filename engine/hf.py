@@ -33,17 +33,19 @@ def auto_policy(
     return make_auto(hardware, tracking=predictor)
 
 
-def request_features(model: PreTrainedModel, num_tokens: int) -> RequestFeatures:
-    """What a policy decides on for a prompt of `num_tokens` tokens on `model`."""
+def request_features(model: PreTrainedModel, context_length: int) -> RequestFeatures:
+    """What a policy decides on for a prompt of `context_length` tokens on `model`."""
     config = model.config
     window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
     attention = AttentionConfig(window=window or None)  # transformers' sliding layers: the shift layout
-    return RequestFeatures(num_tokens, shape_of(config), attention, dtype_name(model), torch.get_num_threads(), "sdpa")
+    return RequestFeatures(
+        context_length, shape_of(config), attention, dtype_name(model), torch.get_num_threads(), "sdpa"
+    )
 
 
-def prefill_chunk_size(model: PreTrainedModel, num_tokens: int, policy: ChunkPolicy) -> Decision:
-    """The decision for a prompt of `num_tokens` tokens on `model` (as `auto` makes it in the engine)."""
-    return policy.choose(request_features(model, num_tokens))
+def prefill_chunk_size(model: PreTrainedModel, context_length: int, policy: ChunkPolicy) -> Decision:
+    """The decision for a prompt of `context_length` tokens on `model` (as `auto` makes it in the engine)."""
+    return policy.decide(request_features(model, context_length))
 
 
 def chunked_generate(

@@ -1,14 +1,18 @@
-"""Chunk-size policies: asked once before each prefill. The `auto` policy (the predictor's client,
-engine/predictor_client.py) implements the same `ChunkPolicy.choose`."""
+"""Chunk-size policies: asked once before each prefill (`decide`), told how it went (`observe`),
+closed when done (`close`). The `auto` policy (the predictor's client, engine/predictor_client.py)
+is one more `ChunkPolicy`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from chunkpilot.chunks import rule_size, simple_rule
 from chunkpilot.contract import ConfigError, RequestFeatures, number
+
+if TYPE_CHECKING:
+    from .engine import TTFTResult
 
 DECISION_TIMEOUT_S = 0.05  # `auto` waits this long for the service before a prefill, then the hand rule answers
 
@@ -23,19 +27,29 @@ class Decision:
     schedule: tuple[int, ...] | None = None  # chunk sizes in order, instead of one size (chunk_size: the first)
 
 
-class ChunkPolicy(Protocol):
+class ChunkPolicy:
+    """What the engine asks before a prefill. Only `decide` must be written: a rule hears nothing
+    back and holds nothing to close."""
+
     name: str
 
-    def choose(self, request: RequestFeatures) -> Decision: ...
+    def decide(self, request: RequestFeatures) -> Decision:
+        raise NotImplementedError
+
+    def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
+        """How the prefill it decided went, told after the clock stopped (`auto` reports and learns)."""
+
+    def close(self) -> None:
+        """The caller is done with it (`auto` flushes its telemetry and its connections)."""
 
 
 @dataclass(frozen=True)
-class FixedPolicy:
+class FixedPolicy(ChunkPolicy):
     size: int
     capped: bool = False  # cut to what the config allows (ring: the window) instead of refusing
     name: str = "fixed"
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         if self.capped:
             return Decision(request.clamp(self.size), "fixed")
         request.attention.check_chunk(self.size)
@@ -43,38 +57,38 @@ class FixedPolicy:
 
 
 @dataclass(frozen=True)
-class FullPolicy:
+class FullPolicy(ChunkPolicy):
     """One shot: the whole prompt in one chunk."""
 
     name: str = "full"
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         request.attention.check_chunk(request.context_length)
         return Decision(request.context_length, "full")
 
 
 @dataclass(frozen=True)
-class RulePolicy:
+class RulePolicy(ChunkPolicy):
     """A rule of thumb, cut to what the config allows, so that it always works as a fallback: the hand
     rule, or `RulePolicy("simple-rule", simple_rule)` (one shot without a window, else the hand rule)."""
 
     name: str = "rule"
     size: Callable[[int, int | None, str], int] = rule_size  # (context, window, layout) -> chunk
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         att = request.attention
         return Decision(self.size(request.context_length, att.window, att.layout), "rule")
 
 
 @dataclass(frozen=True)
-class SchedulePolicy:
+class SchedulePolicy(ChunkPolicy):
     """Chunk sizes in order (Sarathi-Serve's decreasing chunks, say): the last repeats until the prompt
     is covered and the final chunk is cut to what is left, so one pattern serves any prompt."""
 
     sizes: tuple[int, ...]
     name: str = "schedule"
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         chunks: list[int] = []
         left = request.context_length
         while left > 0:

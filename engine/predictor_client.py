@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
-from .policy import DECISION_TIMEOUT_S, Decision, RulePolicy
+from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision, RulePolicy
 from .telemetry import Reporter, outcome
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def fall_back(request: RequestFeatures, reason: str) -> Decision:
     if not _warned:
         _warned = True
         print(f"chunkpilot: auto fell back to the hand rule: {reason}", file=sys.stderr, flush=True)
-    return Decision(RulePolicy().choose(request).chunk_size, "fallback", None, reason)
+    return Decision(RulePolicy().decide(request).chunk_size, "fallback", None, reason)
 
 
 def failure_reason(exc: Exception, url: str, timeout_s: float) -> str:
@@ -130,8 +130,8 @@ class Breaker:
         return self.opened_at is not None
 
 
-class Observing:
-    """Reports every prefill it chose for as a telemetry outcome, when it has a reporter."""
+class Observing(ChunkPolicy):
+    """Reports every prefill it decided as a telemetry outcome, when it has a reporter."""
 
     hardware: Hardware
     reporter: Reporter | None
@@ -162,7 +162,7 @@ class AutoPolicy(Observing):
         self.answers = Answers(self.cache_ttl_s)  # the current version's
         self.last_error = "no answer yet"
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         cached = self.answers.get(request)
         if cached is not None:
             chunk = request.context_length if cached.chunk == "full" else cached.chunk
@@ -263,11 +263,11 @@ class InProcessPolicy(Observing):
         self.predictor.close()  # its table's builder
         super().close()
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         from predictor.model import Infeasible
 
         try:
-            answer = self.predictor.decide(ask(request, self.hardware, self.schedule))
+            answer = self.predictor.answer(ask(request, self.hardware, self.schedule)).response
         except (Infeasible, ValueError) as exc:  # the rule always has an answer
             return fall_back(request, f"the in-process model cannot answer: {str(exc).splitlines()[0]}")
         schedule = None if answer.schedule is None else tuple(answer.schedule)

@@ -7,40 +7,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-
-from chunkpilot.contract import AttentionConfig
 
 from .engine import Engine, TTFTResult
-from .global_tokens import GlobalTokens
 from .policy import ChunkPolicy
 from .prefill import clock_ms
-
-
-@dataclass(frozen=True)
-class StreamRequest:
-    text: str
-    max_tokens: int | None = None  # a cap on the text's tokens
-    attention: AttentionConfig = AttentionConfig()
-    global_tokens: GlobalTokens | None = None
+from .workload import Workload
 
 
 def stream(
-    engine: Engine, requests: Sequence[StreamRequest], policy: ChunkPolicy, overlap: bool = True
+    engine: Engine, workloads: Sequence[Workload], policy: ChunkPolicy, overlap: bool = True
 ) -> Iterator[TTFTResult]:
-    """Each request's result as soon as it has its first token."""
+    """Each workload's result as soon as it has its first token."""
     if not overlap:
-        for r in requests:
-            yield engine.run(r.text, r.max_tokens, r.attention, policy, r.global_tokens)
+        for w in workloads:
+            yield engine.run(w, policy)
         return
     with ThreadPoolExecutor(1, thread_name_prefix="chunkpilot-prepare") as pool:
-
-        def prepare(r: StreamRequest):
-            return pool.submit(engine.prepare, r.text, r.max_tokens, r.attention, policy, r.global_tokens)
-
-        pending = prepare(requests[0]) if requests else None
-        for k in range(len(requests)):
+        pending = pool.submit(engine.prepare, workloads[0], policy) if workloads else None
+        for k in range(len(workloads)):
             started = clock_ms(engine.device)
             prepared = pending.result()  # the first request waits for all of it; later ones for what is left
-            pending = prepare(requests[k + 1]) if k + 1 < len(requests) else None
+            pending = pool.submit(engine.prepare, workloads[k + 1], policy) if k + 1 < len(workloads) else None
             yield engine.execute(prepared, policy, started)

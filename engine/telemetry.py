@@ -89,9 +89,9 @@ def outcome(request: ChunkRequest, result: TTFTResult) -> dict:
     return {
         "request": request.model_dump(mode="json"),
         "chunk_size": result.chunk_size,
-        "source": result.decision_source,
-        "model_version": result.decision_model_version,
-        "explored": result.decision_explored,
+        "source": result.decision.source,
+        "model_version": result.decision.model_version,
+        "explored": result.decision.explored,
         "tokenize_ms": result.tokenize_ms,
         "prefill_ms": result.prefill_ms,
         "first_decode_ms": result.first_decode_ms,

@@ -47,19 +47,19 @@ def corpus_paragraphs() -> tuple[str, ...]:
     return tuple(p for p in CORPUS.read_text().split("\n\n") if p.strip())
 
 
-def synthetic_text(tokenizer: Tokenizer, num_tokens: int, seed: int = 0) -> str:
-    """Corpus paragraphs from a seeded offset, cut just past `num_tokens` tokens."""
+def synthetic_text(tokenizer: Tokenizer, context_length: int, seed: int = 0) -> str:
+    """Corpus paragraphs from a seeded offset, cut just past `context_length` tokens."""
     paragraphs = corpus_paragraphs()
     parts: list[str] = []
     i = seed * 7919 % len(paragraphs)
     while True:
         # ~4 characters per token; grow until the text has enough tokens
-        while sum(len(p) for p in parts) < 5 * num_tokens + 64:
+        while sum(len(p) for p in parts) < 5 * context_length + 64:
             parts.append(paragraphs[i % len(paragraphs)])
             i += 1
         text = "\n\n".join(parts)
         encoding = tokenizer.encode(text)
-        if len(encoding.ids) > num_tokens:
-            return text[: encoding.offsets[num_tokens][1]]
+        if len(encoding.ids) > context_length:
+            return text[: encoding.offsets[context_length][1]]
         parts.append(paragraphs[i % len(paragraphs)])
         i += 1

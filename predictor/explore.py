@@ -1,7 +1,7 @@
 """Bounded exploration: a learner that only sees its own choice never learns it was wrong. The
 service may answer another candidate instead: the waiting challenger's choice where it differs (so
 that the gate can compare the two models on measured prefills, promotion.settle), else the candidate
-whose measurement is expected to gain the most (ChunkResponse.gains: the expected improvement over the
+whose measurement is expected to gain the most (Answer.gains: the expected improvement over the
 choice under the members' spread of the gap, at least predictor.model.GAP_SD_FLOOR, so a candidate
 predicted slightly slower but very uncertain is worth more than a runner-up the ensemble agrees on).
 Either only while the extra TTFT exploring has
@@ -16,7 +16,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from chunkpilot.contract import ChunkResponse, Gain
+from chunkpilot.contract import ChunkResponse
+
+from .answer import Answer, Gain
 
 MIN_GAIN = 0.0005  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
 
@@ -35,21 +37,22 @@ class Explorer:
     def spent_share(self) -> float:
         return self.spent_ms / self.served_ms if self.served_ms else 0.0
 
-    def answer(self, best: ChunkResponse, n: int, shadow: int | None = None, key: str = "") -> ChunkResponse:
-        """`best` for a prompt of `n` tokens, or another candidate marked explored; `shadow` is the
+    def answer(self, held: Answer, n: int, shadow: int | None = None, key: str = "") -> ChunkResponse:
+        """`held`'s response for a prompt of `n` tokens, or another candidate marked explored; `shadow` is the
         waiting challenger's choice, `key` the kind of request."""
 
         def size(g: Gain) -> int:
             return n if g.chunk_size == "full" else g.chunk_size
 
+        best, gains = held.response, held.gains
         with self._lock:
             self.served_ms += best.predicted_ttft_ms
             if key in self._last:  # explored last time: this time the choice itself is measured
                 del self._last[key]
                 return best
-            if self.budget <= 0 or not best.gains:
+            if self.budget <= 0 or not gains:
                 return best
-            other = next((g for g in best.gains if size(g) == shadow), None) or max(best.gains, key=lambda g: g.gain)
+            other = next((g for g in gains if size(g) == shadow), None) or max(gains, key=lambda g: g.gain)
             if size(other) != shadow and other.gain < MIN_GAIN:
                 return best  # the ensemble agrees the choice is best: nothing to learn worth a prefill
             extra = max(other.ratio - 1.0, 0.0) * best.predicted_ttft_ms

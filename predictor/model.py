@@ -17,24 +17,26 @@ import numpy as np
 
 from chunkpilot import plausibility, registry
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
-from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Gain, Hardware, Outcome
+from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import base_log_ms, build
 from chunkpilot.recipe import Recipe, load_recipe
 
+from .answer import Answer, Gain
 from .schedule import best_schedule
 from .table import DecisionTable
 
 TOP = 5  # candidates returned with their predictions
 # a decision on the request path may cost at most this share of the TTFT it decides (by the analytic
-# estimate of the rule's size): the recipe's mean held-out regret is about 3 points below the hand
-# rule's on the shipped data (1.6% against 4.8%), so spending 1% keeps most of that saving; a cell
-# not worth it is answered by the rule while the table builds it
+# estimate of the rule's size): a small share of the points the recipe's held-out regret lies below
+# the hand rule's (docs/training.md), so spending it keeps most of that saving; a cell not worth it
+# is answered by the rule while the table builds it
 BUDGET = 0.01
 TABLE_ENV = "CHUNKPILOT_DECISION_TABLE"  # "0": no decision tables (the tests' servers)
 # the members share their training data and its biases, so their spread understates how wrong a
-# predicted gap can be (held-out TTFT error is 12-24%): exploring weighs a gap with at least this sd
+# predicted gap can be (the held-out TTFT error of docs/training.md): exploring weighs a gap with at
+# least this sd
 GAP_SD_FLOOR = 0.03
 
 
@@ -95,9 +97,9 @@ class Predictor:
     def __post_init__(self) -> None:
         if isinstance(self.recipe.cost, PerChunk) and self.recipe.correction is None:
             self.recipe.correction = Correction()
-        self.table = DecisionTable(self.decide_at, self.tabled)
+        self.table = DecisionTable(self.exact_answer, self.tabled)
 
-    def decide(self, request: ChunkRequest) -> ChunkResponse:
+    def answer(self, request: ChunkRequest) -> Answer:
         """The decision table's answer (predictor.table); where its segment is not built yet the
         recipe decides at this length if that is worth its cost (`affordable`), else the hand rule
         answers. A schedule is priced for its own length, always by the recipe."""
@@ -105,16 +107,16 @@ class Predictor:
         if found is not None:
             return found
         if request.schedule or self.affordable(request):
-            return self.decide_at(request)
+            return self.exact_answer(request)
         return self.rule_answer(request)
 
-    def tabled_answer(self, request: ChunkRequest) -> ChunkResponse | None:
+    def tabled_answer(self, request: ChunkRequest) -> Answer | None:
         """The table's answer if its segment is built: a lookup, microseconds (None: the kind is queued)."""
         return None if request.schedule else self.table.lookup(request)
 
     def estimate_ms(self, request: ChunkRequest, chunk: int) -> float:
         """The analytic TTFT of one size (features.base_log_ms): what the budget weighs a decision against."""
-        return float(np.exp(base_log_ms(self.features(request, [chunk])))[0])
+        return float(np.exp(base_log_ms(self.feature_rows(request, [chunk])))[0])
 
     def affordable(self, request: ChunkRequest) -> bool:
         """Whether deciding now costs at most `budget` of the TTFT the rule's size would take (a budget
@@ -127,10 +129,10 @@ class Predictor:
         att = request.attention
         return rule_candidate(self.candidates(request), request.context_length, att.window, att.layout)
 
-    def rule_answer(self, request: ChunkRequest) -> ChunkResponse:
+    def rule_answer(self, request: ChunkRequest) -> Answer:
         rule = self.rule_size(request)
         candidate = Candidate(chunk_size=rule, predicted_ttft_ms=self.estimate_ms(request, rule))
-        return ChunkResponse(
+        response = ChunkResponse(
             chunk_size=rule,
             predicted_ttft_ms=candidate.predicted_ttft_ms,
             top=[candidate],
@@ -138,6 +140,7 @@ class Predictor:
             model_version=self.version,
             source="rule",
         )
+        return Answer(response)
 
     def close(self) -> None:
         self.table.close()
@@ -153,25 +156,25 @@ class Predictor:
             raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}", "no_feasible_candidate")
         return chosen
 
-    def features(self, request: ChunkRequest, chunks: list[int]) -> np.ndarray:
+    def feature_rows(self, request: ChunkRequest, chunks: list[int]) -> np.ndarray:
         """[chunks, FEATURES]: the request on its machine (resolve_hardware), one row per size."""
         hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
         return build({**request.row(hw), "chunk_size": chunks})
 
-    def decide_at(self, request: ChunkRequest) -> ChunkResponse:
+    def exact_answer(self, request: ChunkRequest) -> Answer:
         """The recipe's decision at exactly this length (what the table holds), timed."""
         start = time.perf_counter()
-        answer = self._decide(request)
+        answer = self._exact(request)
         ms = (time.perf_counter() - start) * 1e3
         self.decision_ms = ms if not self.decision_ms else 0.9 * self.decision_ms + 0.1 * ms
         return answer
 
-    def _decide(self, request: ChunkRequest) -> ChunkResponse:
+    def _exact(self, request: ChunkRequest) -> Answer:
         n, att = request.context_length, request.attention
         chunks = self.candidates(request)
         rule = chunks.index(rule_candidate(chunks, n, att.window, att.layout))
-        x = self.features(request, chunks)
-        choice = self.recipe.decide(x, rule)
+        x = self.feature_rows(request, chunks)
+        choice = self.recipe.pick(x, rule)
         ms = np.exp(choice.log_ms).tolist()
         if not all(map(math.isfinite, ms)):
             raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
@@ -194,7 +197,7 @@ class Predictor:
             ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
             planned = best_schedule(self.recipe.chunk_ms, x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]
-        return ChunkResponse(
+        response = ChunkResponse(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
             top=[candidate[i] for i in order[:TOP]],
@@ -203,7 +206,8 @@ class Predictor:
             source="model",
             schedule=schedule,
             deferred=choice.deferred,
-        ).with_gains(gains)
+        )
+        return Answer(response, gains)
 
     def check(self, outcome: Outcome) -> Outcome:
         """`outcome` if its chunk times are possible on its machine as this model knows it (a profiled
@@ -218,7 +222,7 @@ class Predictor:
         if correction is None:
             return 0
         for o in outcomes:
-            x = self.features(o.request, [o.chunk_size])
+            x = self.feature_rows(o.request, [o.chunk_size])
             correction.learn(*self.recipe.residuals(x, o.chunk_ms))
         self.info["learnt_from_prefills"] = correction.prefills
         if outcomes:
@@ -261,7 +265,7 @@ def load_predictor(
     if tabled is None:  # the service's and the in-process engine's switch alike
         tabled = os.environ.get(TABLE_ENV, "1") != "0"
     predictor = Predictor(stored.version, recipe, stored.hardware, info, stored.waits, budget, tabled)
-    predictor.decide_at(smoke_request(stored.hardware))
+    predictor.exact_answer(smoke_request(stored.hardware))
     return predictor
 
 

@@ -55,16 +55,16 @@ admin = APIRouter()
 async def chunk_size(body: ChunkRequest, service: Ready) -> Response:
     # a table lookup costs microseconds: on the loop, no thread hop; a decision taken now costs
     # milliseconds, in the thread pool, so that the loop keeps answering /livez
-    answer = service.decide_at_once(body)
+    answer = service.answer_at_once(body)
     if answer is None:
-        answer = await run_in_threadpool(service.decide, body)
+        answer = await run_in_threadpool(service.answer, body)
     # our own model, serialised once: FastAPI would check it against response_model again first
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
 @router.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})
 async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
-    return BatchResponse(responses=await run_in_threadpool(lambda: [service.decide(r) for r in body.requests]))
+    return BatchResponse(responses=await run_in_threadpool(lambda: [service.answer(r) for r in body.requests]))
 
 
 @router.get("/v1/model", responses={503: {}})

@@ -21,9 +21,10 @@ from chunkpilot.chunks import DEFAULT_CHUNKS
 from chunkpilot.contract import AttentionConfig, ChunkRequest, ChunkResponse, ConfigError, Hardware, ModelShape, Outcome
 from chunkpilot.correction import quarter_octave
 from chunkpilot.dataset import Partition
-from chunkpilot.fleet import SPEC, TELEMETRY, Publisher
+from chunkpilot.fleet import SPEC_TAG, TELEMETRY_EXPERIMENT, Publisher
 from chunkpilot.registry import CHALLENGER
 
+from .answer import Answer
 from .explore import Explorer
 from .model import Predictor, load_predictor, past_outcomes
 from .schemas import FeedbackResult
@@ -154,26 +155,26 @@ class ServiceState:
             return None
         return found if found.waits and int(found.version) > int(champion.version) else None
 
-    def decide_at_once(self, request: ChunkRequest) -> ChunkResponse | None:
+    def answer_at_once(self, request: ChunkRequest) -> ChunkResponse | None:
         """The answer if the champion's table (and a waiting challenger's) holds it: microseconds,
-        for the event loop. None: `decide` must run (milliseconds, in the thread pool)."""
+        for the event loop. None: `answer` must run (milliseconds, in the thread pool)."""
         pick, challenger = self.predictor.tabled_answer(request), self.challenger
         if pick is None:
             return None
         if challenger is None:
             return self._served(request, pick, None)
         theirs = challenger.tabled_answer(request)
-        return None if theirs is None else self._served(request, pick, theirs.chunk_size)
+        return None if theirs is None else self._served(request, pick, theirs.response.chunk_size)
 
-    def decide(self, request: ChunkRequest) -> ChunkResponse:
-        pick, challenger = self.predictor.decide(request), self.challenger
-        shadow = None if challenger is None or request.schedule else challenger.decide(request).chunk_size
+    def answer(self, request: ChunkRequest) -> ChunkResponse:
+        pick, challenger = self.predictor.answer(request), self.challenger
+        shadow = None if challenger is None or request.schedule else challenger.answer(request).response.chunk_size
         return self._served(request, pick, shadow)
 
-    def _served(self, request: ChunkRequest, pick: ChunkResponse, shadow: int | None) -> ChunkResponse:
+    def _served(self, request: ChunkRequest, pick: Answer, shadow: int | None) -> ChunkResponse:
         """The model's own pick, or the one exploring answers instead (decided per answer), counted."""
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
-            answer = pick
+            answer = pick.response
         else:
             similar = f"{int(quarter_octave(request.context_length))}|{request.kind()}"
             answer = self.explorer.answer(pick, request.context_length, shadow, similar)  # a quarter octave alike
@@ -232,7 +233,8 @@ class ServiceState:
                 continue
             try:
                 name = f"telemetry {socket.gethostname()}"
-                publisher = publisher or Publisher.open(self.settings.tracking_uri, TELEMETRY, name, {SPEC: TELEMETRY})
+                tags = {SPEC_TAG: TELEMETRY_EXPERIMENT}  # its rows' spec: the telemetry partition
+                publisher = publisher or Publisher.open(self.settings.tracking_uri, TELEMETRY_EXPERIMENT, name, tags)
                 ok = publisher.publish(path)
             except Exception:  # the server is unreachable: the next file tries again
                 ok = False

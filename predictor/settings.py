@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from chunkpilot.dataset import TELEMETRY
+from chunkpilot.dataset import TELEMETRY_DIR
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from chunkpilot.tracking import tracking_uri
 
@@ -44,7 +44,7 @@ class Settings(BaseSettings):
         default=1.0, ge=0, le=60, description="on SIGTERM, how long /readyz says 503 before the listener closes"
     )
     drain_timeout_s: int = Field(default=10, ge=1, le=600, description="on SIGTERM, the most in-flight requests get")
-    telemetry_dir: Path = Field(default=TELEMETRY, description="where accepted outcomes go")
+    telemetry_dir: Path = Field(default=TELEMETRY_DIR, description="where accepted outcomes go")
     explore_budget: float = Field(
         default=0.01,
         ge=0,

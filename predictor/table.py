@@ -33,11 +33,13 @@ from chunkpilot.chunks import (
 )
 from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse
 
+from .answer import Answer
+
 MAX_KINDS = 64  # kinds kept (least recently asked go first): a client inventing kinds costs memory only so far
 REBUILD_S = 30.0  # a kind is rebuilt after a learn at most this often: a build costs seconds of one core
 MIN_RANGE = 1 << 15  # a kind's cells are built up to the next power of two over twice its longest prompt, at least this
 
-Decided = tuple[int, ChunkResponse]  # a length and the recipe's answer there
+Decided = tuple[int, Answer]  # a length and the recipe's answer there
 
 
 def numeric_candidates(request: ChunkRequest) -> tuple[int, ...]:
@@ -58,20 +60,21 @@ def cells(request: ChunkRequest, longest: int) -> list[tuple[int, int]]:
 
 def agree(low: Decided, high: Decided) -> bool:
     """Whether two lengths' answers are one decision: the same size, or each its whole prompt."""
-    (a, at_a), (b, at_b) = low, high
-    return at_a.chunk_size == at_b.chunk_size or (at_a.chunk_size == a and at_b.chunk_size == b)
+    a, at_a, b, at_b = low[0], low[1].response.chunk_size, high[0], high[1].response.chunk_size
+    return at_a == at_b or (at_a == a and at_b == b)
 
 
-def answer_at(segment: Segment[ChunkResponse], n: int) -> ChunkResponse:
+def answer_at(segment: Segment[Answer], n: int) -> Answer:
     """The segment's answer for a prompt of `n` tokens: its nearer end's, the whole prompt read as
     n, predictions scaled by n / end."""
-    end, answer = segment.nearer(n)
+    end, held = segment.nearer(n)
+    answer = held.response
     f = n / end
 
     def moved(c: Candidate) -> dict[str, float]:
         return {"chunk_size": n if c.chunk_size == end else c.chunk_size, "predicted_ttft_ms": c.predicted_ttft_ms * f}
 
-    return ChunkResponse.model_validate(  # one validation of plain data: pydantic's fastest way in
+    response = ChunkResponse.model_validate(  # one validation of plain data: pydantic's fastest way in
         {
             "chunk_size": n if answer.chunk_size == end else answer.chunk_size,
             "predicted_ttft_ms": answer.predicted_ttft_ms * f,
@@ -82,7 +85,8 @@ def answer_at(segment: Segment[ChunkResponse], n: int) -> ChunkResponse:
             "deferred": answer.deferred,
             "span": (segment.first, segment.last),
         }
-    ).with_gains(answer.gains)  # relative: the end's hold here
+    )
+    return Answer(response, held.gains)  # relative: the end's hold here
 
 
 @dataclass
@@ -90,12 +94,12 @@ class Kind:
     request: ChunkRequest  # one request of the kind: the others differ only in context length
     longest: int  # its segments are built up to here
     # (each segment's first length, the segments), sorted: one attribute, swapped whole by a build
-    entries: tuple[list[int], list[Segment[ChunkResponse]]]
+    entries: tuple[list[int], list[Segment[Answer]]]
     generation: int  # the correction's state its answers were built with; -1: never built (or extended)
     asked: bool = True  # asked about since its last build: only such kinds are rebuilt after a learn
     built_at: float = -math.inf
 
-    def segment(self, n: int) -> Segment[ChunkResponse] | None:
+    def segment(self, n: int) -> Segment[Answer] | None:
         starts, found = self.entries
         i = bisect.bisect_right(starts, n) - 1
         return found[i] if i >= 0 and found[i].last >= n else None  # a gap: lengths no candidate fits
@@ -104,8 +108,8 @@ class Kind:
 class DecisionTable:
     """Kinds of request -> their segments' answers, and the thread that builds them."""
 
-    def __init__(self, decide_at: Callable[[ChunkRequest], ChunkResponse], builds: bool = True) -> None:
-        self.decide_at = decide_at  # the recipe's decision at exactly a request's length
+    def __init__(self, exact_answer: Callable[[ChunkRequest], Answer], builds: bool = True) -> None:
+        self.exact_answer = exact_answer  # the recipe's answer at exactly a request's length
         self.builds = builds  # False: nothing is ever built, every lookup misses
         self.kinds: OrderedDict[str, Kind] = OrderedDict()
         self.generation = 0  # bumped by every learn: kinds built before it are rebuilt
@@ -114,7 +118,7 @@ class DecisionTable:
         self.builder: threading.Thread | None = None
         self.built_s: deque[float] = deque(maxlen=256)  # seconds per kind built, the latest (the benchmark reads them)
 
-    def lookup(self, request: ChunkRequest) -> ChunkResponse | None:
+    def lookup(self, request: ChunkRequest) -> Answer | None:
         """The table's answer for the request, if its segment is built. A new kind, or a length past
         the built range, is queued."""
         key, n = request.kind(), request.context_length
@@ -180,13 +184,13 @@ class DecisionTable:
             kind.built_at = time.monotonic()
             self.built_s.append(time.perf_counter() - start)
 
-    def _segments(self, request: ChunkRequest, longest: int) -> Iterator[Segment[ChunkResponse]]:
-        def decide(n: int) -> ChunkResponse:
-            return self.decide_at(request.model_copy(update={"context_length": n}))
+    def _segments(self, request: ChunkRequest, longest: int) -> Iterator[Segment[Answer]]:
+        def exact(n: int) -> Answer:
+            return self.exact_answer(request.model_copy(update={"context_length": n}))
 
         for first, last in cells(request, longest):
             try:  # feasibility only grows with the length: a cell whose first length fits fits whole
-                yield from segments(decide, agree, first, (first, decide(first)), (last, decide(last)))
+                yield from segments(exact, agree, first, (first, exact(first)), (last, exact(last)))
             except ValueError:  # a cell no candidate fits (the error is the request path's to give)
                 continue
 

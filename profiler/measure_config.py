@@ -3,16 +3,17 @@ warm-up, re-measured while noisy; one row per chunk size."""
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from datetime import UTC, datetime
 
 import pandas as pd
 
+from chunkpilot.chunks import chunk_count, last_chunk
 from chunkpilot.dataset import HARNESS_VERSION
 from engine import runtime
-from engine.engine import Engine, EngineConfig, Prompt
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.measure import interleaved, spread
 from engine.policy import FixedPolicy
 
@@ -47,10 +48,10 @@ def measure_config(
     `deadline` (time.time()): a budgeted sweep keeps a noisy config marked noisy instead of overrunning."""
     engine = pool.get(config)
     chunks, _ = config.candidates(spec.chunk_sizes)
-    n, attention = config.context_length, config.attention
-    text = engine.prompt_text(Prompt(num_tokens=n))
+    n, attention, workload = config.context_length, config.attention, config.workload
+    engine.text(workload)  # the synthetic words, before the clock
     started = datetime.now(UTC)
-    steps = {c: lambda c=c: engine.run(text, n, attention, FixedPolicy(c)) for c in chunks}
+    steps = {c: lambda c=c: engine.run(workload, FixedPolicy(c)) for c in chunks}
     t0 = time.time()
     runs = interleaved(steps, spec.repeats, spec.warmup)
     per_pass = (time.time() - t0) / (spec.warmup + spec.repeats)
@@ -71,7 +72,7 @@ def measure_config(
         "model": config.model,
         "family": engine.shape.family,
         **hardware,
-        **engine.features(n, attention).row(hardware),
+        **engine.request(n, attention).row(hardware),
         "allocator": engine.runtime.allocator,
         "noisy": cv > spec.cv_threshold,
         "remeasured": remeasured,
@@ -84,14 +85,13 @@ def measure_config(
         results = runs[c]
         ttft = [r.ttft_ms for r in results]
         iqr, cv_c = spread(ttft)
-        num_chunks = math.ceil(n / c)
         rows.append(
             {
                 **base,
                 "chunk_size": c,
                 "is_full": c == n,
-                "num_chunks": num_chunks,
-                "last_chunk": n - (num_chunks - 1) * c,
+                "num_chunks": chunk_count(n, c),
+                "last_chunk": last_chunk(n, c),
                 "tokenize_ms": statistics.median(r.tokenize_ms for r in results),
                 "prefill_ms": statistics.median(r.prefill_ms for r in results),
                 "first_decode_ms": statistics.median(r.first_decode_ms for r in results),

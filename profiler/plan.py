@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from chunkpilot.chunks import chunk_count
 from chunkpilot.contract import PRESETS, ConfigError, ModelShape
 from chunkpilot.features import keys_sum, linear_flops
 
@@ -45,7 +46,7 @@ def config_cost(config: ProfileConfig, shape: ModelShape, chunks: list[int], pas
         n, layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
     )
     attention = [4 * layers * shape.num_heads * shape.head_dim * float(keys_sum(n, c, window)) for c in chunks]
-    calls = sum(math.ceil(n / c) for c in chunks)
+    calls = sum(chunk_count(n, c) for c in chunks)
     return (linear * len(chunks) + sum(attention)) * passes, calls * passes
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from chunkpilot.dataset import LISTS, finished_keys, write_config
-from chunkpilot.fleet import HARDWARE, PROFILING, SPEC, Publisher
+from chunkpilot.fleet import HARDWARE_TAG, PROFILING_EXPERIMENT, SPEC_TAG, Publisher
 
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
@@ -60,7 +60,8 @@ def open_run(spec: Spec, out: Path) -> Publisher:
 
     hardware_id = machine_dir(out, spec).name
     with quiet_mlflow():
-        return Publisher.open(tracking_uri(), PROFILING, spec.name, {HARDWARE: hardware_id, SPEC: spec.name})
+        tags = {HARDWARE_TAG: hardware_id, SPEC_TAG: spec.name}
+        return Publisher.open(tracking_uri(), PROFILING_EXPERIMENT, spec.name, tags)
 
 
 def run_profile(

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import MAX_CONTEXT, AttentionConfig, AttnImpl, ConfigError, Contract, Dtype
+from engine.workload import Workload
 
 Length = Annotated[int, Field(ge=1, le=MAX_CONTEXT)]
 
@@ -25,7 +26,7 @@ class ProfileConfig(Contract):
     model: str  # preset, checkpoint folder or shape file
     context_length: Length
     window: int | None
-    layout: Literal["none", "shift", "ring"]
+    layout: Literal["none", "shift", "ring"]  # "none" (NO_WINDOW) without a window: the key hashes it
     sinks: int
     dtype: Dtype
     threads: int
@@ -34,8 +35,12 @@ class ProfileConfig(Contract):
 
     @property
     def attention(self) -> AttentionConfig:
-        layout = "shift" if self.layout == "none" else self.layout
-        return AttentionConfig(self.window, layout, self.sinks, self.global_tokens)
+        return AttentionConfig.from_columns(self.window, self.layout, self.sinks, self.global_tokens)
+
+    @property
+    def workload(self) -> Workload:
+        """What the engine prefills for this config: synthetic text of its length."""
+        return Workload(self.context_length, self.attention)
 
     @property
     def key(self) -> str:

@@ -27,7 +27,8 @@ os.environ.setdefault("CHUNKPILOT_DECISION_TABLE", "0")
 @pytest.fixture(scope="session")
 def engines():
     """Engines are slow to build (weights, tokenizer): one per (model, dtype, kernel) per session."""
-    from engine.engine import Engine, EngineConfig
+    from engine.config import EngineConfig
+    from engine.engine import Engine
 
     built: dict = {}
 

@@ -331,14 +331,14 @@ def test_gather_writes_only_under_the_folder_it_is_given(tmp_path, monkeypatch):
     """A run tag names the spec, and so a folder: one that is a path is refused, never followed."""
     from mlflow import MlflowClient
 
-    from chunkpilot.fleet import PROFILING, SPEC, Publisher, gather
+    from chunkpilot.fleet import PROFILING_EXPERIMENT, SPEC_TAG, Publisher, gather
 
     uri = sqlite_store(tmp_path / "mlflow.db")
     shipped = next((ROOT / "data" / "ttft" / "cpu-shipped").rglob("*.parquet"))
     rows = read_file(shipped).assign(spec_name="../../outside", hardware_id="m-1")  # rows agreeing with the tags
     partition = write_config(tmp_path / "staged" / "m-1", "config-1", rows)
     monkeypatch.chdir(tmp_path)  # the experiment's artifacts land in tmp_path/mlruns
-    publisher = Publisher.open(uri, PROFILING, "forged", {SPEC: "../../outside", "hardware_id": "m-1"})
+    publisher = Publisher.open(uri, PROFILING_EXPERIMENT, "forged", {SPEC_TAG: "../../outside", "hardware_id": "m-1"})
     assert publisher.publish(partition)
     gathered = gather(MlflowClient(uri), tmp_path / "a" / "b" / "root")
     assert len(gathered.refused) == 1 and "not an identifier" in gathered.refused[0]

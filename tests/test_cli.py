@@ -173,3 +173,20 @@ def test_hardware_prints_the_json_a_request_carries(capsys):
     assert request.hardware.cores >= 1 and request.hardware.matmul_gflops > 0 and request.hardware.hardware_id
     assert main(["hardware", "--threads", "0"]) == 2  # one line naming the field, as every command
     assert "threads" in capsys.readouterr().err
+
+
+def test_the_engine_options_are_the_engine_config_s_fields(capsys):
+    """Defaults, choices, bounds and help written once, on EngineConfig: the CLI builds the same config."""
+    from cli import build_parser
+    from cli.options import engine_config
+    from engine.config import EngineConfig
+
+    args = build_parser().parse_args(["prefill"])
+    assert engine_config(args) == EngineConfig()
+    assert engine_config(build_parser().parse_args(["prefill", "--attn", "eager", "--threads", "3"])) == EngineConfig(
+        attn_impl="eager", threads=3
+    )
+    with pytest.raises(SystemExit):
+        main(["prefill", "--help"])
+    shown = capsys.readouterr().out
+    assert "(>= 1, <= 1024)" in shown and "{sdpa,eager}" in shown and "default mistral-44m" in shown

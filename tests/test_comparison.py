@@ -9,24 +9,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from chunkpilot.contract import RequestFeatures
-from engine.comparison import (
-    PromptCase,
-    PromptResult,
-    Saving,
-    bootstrap_savings,
-    evaluate,
-    format_evaluation,
-    raced_out,
-    still_compared,
-)
+from chunkpilot.contract import AttentionConfig, RequestFeatures
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
+from engine.workload import Workload
+from evaluation.comparison import PromptResult, evaluate, format_evaluation, raced_out, still_compared
+from evaluation.savings import Saving, bootstrap_savings
 
 
 def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_still_compared(engines):
     engine = engines("llama-tiny")
     policies = {"rule": RulePolicy(), "one shot": FullPolicy(), "fixed 32": FixedPolicy(32, capped=True)}
-    cases = [PromptCase(96), PromptCase(160, 64, "ring", 4), PromptCase(32)]
+    cases = [Workload(96), Workload(160, AttentionConfig(64, "ring", 4)), Workload(32)]
     lines: list[str] = []
     result = evaluate(
         engine,
@@ -72,13 +65,10 @@ class ScriptedEngine:
         self.ms = ms
         self.runs: list[int] = []
 
-    def features(self, context_length: int, attention) -> RequestFeatures:
+    def request(self, context_length: int, attention) -> RequestFeatures:
         return RequestFeatures(context_length=context_length, model="llama-tiny", attention=attention)
 
-    def prompt_text(self, prompt) -> str:
-        return ""
-
-    def run(self, text: str, n: int, attention, policy: FixedPolicy) -> SimpleNamespace:
+    def run(self, workload: Workload, policy: FixedPolicy) -> SimpleNamespace:
         self.runs.append(policy.size)
         return SimpleNamespace(ttft_ms=self.ms[policy.size])
 
@@ -87,7 +77,7 @@ def test_warm_up_full_rounds_then_only_the_compared_sizes_until_the_interval_is_
     ms = {64: 90.0, 128: 40.0, 256: 10.0, 384: 11.0, 512: 12.0, 768: 14.0, 1024: 20.0, 1536: 25.0, 2048: 30.0}
     engine = ScriptedEngine(ms)
     policies = {"a": FixedPolicy(256), "b": FixedPolicy(1024)}
-    result = evaluate(engine, policies, [PromptCase(2048)], [("a", "b")], full_rounds=2, min_rounds=5, max_rounds=20)
+    result = evaluate(engine, policies, [Workload(2048)], [("a", "b")], full_rounds=2, min_rounds=5, max_rounds=20)
     (p,) = result.prompts
     # the warm-up runs every size once; over 2x the fastest (10 ms) is out unless a policy chose it (1024)
     assert engine.runs[: len(ms)] == sorted(ms) and set(p.times) == {256, 384, 512, 768, 1024}
@@ -104,7 +94,7 @@ def test_saving_reads_each_round_s_ratio_so_drift_between_rounds_cancels():
     and within each round size 1 takes half of size 2."""
     slow = [20.0, 40.0, 30.0, 60.0, 24.0]
     times = {1: [t / 2 for t in slow], 2: slow}
-    prompts = [PromptResult(PromptCase(100), {"fast": 1, "slow": 2, "same": 2}, {}, times)]
+    prompts = [PromptResult(Workload(100), {"fast": 1, "slow": 2, "same": 2}, {}, times)]
     fast, same = bootstrap_savings(prompts, [("fast", "slow"), ("same", "slow")])
     assert (fast.saving, fast.low, fast.high) == (0.5, 0.5, 0.5)
     assert (same.saving, same.low, same.high) == (0.0, 0.0, 0.0)
@@ -116,8 +106,8 @@ def test_saving_is_a_share_of_the_reference_s_total_ttft_with_an_interval_around
     short = {1: [50.0, 52.5, 49.0, 51.0, 50.5], 2: [100.0, 95.0, 105.0, 102.5, 97.5]}
     long = {3: [300.0, 310.0, 290.0, 305.0, 295.0]}
     prompts = [
-        PromptResult(PromptCase(100), {"a": 1, "b": 2}, {}, short),
-        PromptResult(PromptCase(300), {"a": 3, "b": 3}, {}, long),
+        PromptResult(Workload(100), {"a": 1, "b": 2}, {}, short),
+        PromptResult(Workload(300), {"a": 3, "b": 3}, {}, long),
     ]
     (saving,) = bootstrap_savings(prompts, [("a", "b")])
     assert saving.saving == pytest.approx(0.5 * 100 / 400)  # the median round's ratio is 50 / 100
@@ -136,7 +126,7 @@ def test_the_net_saving_charges_each_policy_its_first_decision():
     """Made-up round times (not measurements): the same size, so no gross saving, but `a` took 10 ms
     to decide on a 100-ms prefill and `b` nothing: net, `a` costs 10%."""
     times = {256: [100.0, 100.0, 100.0], 512: [120.0, 121.0, 119.0]}
-    p = PromptResult(PromptCase(2048), {"a": 256, "b": 256}, {}, times, first_decision_ms={"a": 10.0, "b": 0.0})
+    p = PromptResult(Workload(2048), {"a": 256, "b": 256}, {}, times, first_decision_ms={"a": 10.0, "b": 0.0})
     (saving,) = bootstrap_savings([p], [("a", "b")])
     assert saving.saving == 0.0 and saving.net == pytest.approx(-0.10)
     assert saving.net_low == pytest.approx(-0.10) and saving.net_high == pytest.approx(-0.10)
@@ -145,8 +135,8 @@ def test_the_net_saving_charges_each_policy_its_first_decision():
 def test_only_prompts_where_the_policies_differ_are_still_compared():
     """Made-up round times (not measurements)."""
     times = {256: [10.0, 10.2], 512: [11.0, 11.5], 1024: [12.0, 12.5]}
-    differ = PromptResult(PromptCase(2048), {"auto": 512, "rule": 1024}, {}, times)
-    agree = PromptResult(PromptCase(2048), {"auto": 512, "rule": 512}, {}, times)
+    differ = PromptResult(Workload(2048), {"auto": 512, "rule": 1024}, {}, times)
+    agree = PromptResult(Workload(2048), {"auto": 512, "rule": 512}, {}, times)
     assert still_compared(differ) == {256, 512, 1024}  # both choices and the best
     assert still_compared(agree) == set()  # the same size: a saving of 0, the same regret
 
@@ -154,7 +144,7 @@ def test_only_prompts_where_the_policies_differ_are_still_compared():
 def test_race_drops_only_hopeless_sizes_that_no_policy_chose():
     """Made-up round times (not measurements): the best median is 10 ms."""
     times = {64: [30.0, 31.0], 128: [12.4, 13.0], 256: [10.0, 10.2], 512: [14.0, 13.0], 1024: [40.0, 41.0]}
-    p = PromptResult(PromptCase(2048), {"rule": 1024, "auto": 256}, {}, times)
+    p = PromptResult(Workload(2048), {"rule": 1024, "auto": 256}, {}, times)
     # 64 and 512 are over 1.25x the best at their fastest; 128 is not; 1024 stays, a policy chose it
     assert raced_out(p, 0.25) == {64, 512}
     assert raced_out(p, 0.5) == {64}

@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from chunkpilot.chunks import hand_rule
+from chunkpilot.chunks import chunk_count, hand_rule, last_chunk
 from chunkpilot.contract import PRESETS, AttentionConfig, ConfigError, ModelShape, RequestFeatures
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy, parse_policy
 
@@ -34,20 +35,36 @@ def request(n: int, attention: AttentionConfig) -> RequestFeatures:
     return RequestFeatures(n, PRESETS["mistral-44m"], attention)
 
 
+def test_chunk_arithmetic_is_one_formula_for_ints_floats_and_columns():
+    assert (chunk_count(3000, 768), last_chunk(3000, 768)) == (4, 696)
+    assert (chunk_count(1024, 512), last_chunk(1024, 512)) == (2, 512)  # a size that divides: a full last chunk
+    n, c = np.array([3000.0, 1024.0, 1.0]), np.array([768.0, 512.0, 64.0])  # the features' float columns
+    assert chunk_count(n, c).tolist() == [4.0, 2.0, 1.0] and last_chunk(n, c).tolist() == [696.0, 512.0, 1.0]
+    lengths = np.arange(1, 5000)
+    assert (chunk_count(lengths * 1.0, 384.0) == np.ceil(lengths / 384)).all()  # exact where n / c would round
+
+
+def test_the_dataset_s_no_window_is_read_in_one_place():
+    assert AttentionConfig.from_columns(0, "none") == AttentionConfig()  # the dataset's spelling
+    assert AttentionConfig.from_columns(None, "none").row_layout == "none"  # and back
+    assert AttentionConfig.from_columns(512, "ring", 4, 8) == AttentionConfig(512, "ring", 4, 8)
+    assert AttentionConfig(512, "ring", 4).label == "w512 ring s4" and AttentionConfig().label == "no window"
+
+
 def test_rule_is_always_feasible_so_it_can_be_the_fallback():
-    assert RulePolicy().choose(request(3000, AttentionConfig(window=256, layout="ring"))).chunk_size == 256
-    assert RulePolicy().choose(request(300, AttentionConfig())).chunk_size == 300
-    assert RulePolicy().choose(request(3000, AttentionConfig(window=256))).chunk_size == 768  # shift takes any
+    assert RulePolicy().decide(request(3000, AttentionConfig(window=256, layout="ring"))).chunk_size == 256
+    assert RulePolicy().decide(request(300, AttentionConfig())).chunk_size == 300
+    assert RulePolicy().decide(request(3000, AttentionConfig(window=256))).chunk_size == 768  # shift takes any
 
 
 def test_fixed_and_full_respect_the_ring_rule():
     ring = AttentionConfig(window=512, layout="ring")
-    assert FixedPolicy(512).choose(request(4096, ring)).chunk_size == 512
+    assert FixedPolicy(512).decide(request(4096, ring)).chunk_size == 512
     with pytest.raises(ConfigError, match="chunk_size: ring layout needs chunk_size <= window"):
-        FixedPolicy(513).choose(request(4096, ring))
+        FixedPolicy(513).decide(request(4096, ring))
     with pytest.raises(ConfigError, match="chunk_size"):
-        FullPolicy().choose(request(4096, ring))
-    assert FullPolicy().choose(request(500, ring)).chunk_size == 500
+        FullPolicy().decide(request(4096, ring))
+    assert FullPolicy().decide(request(500, ring)).chunk_size == 500
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "auto?", "", "True", "512,0", "512,", "256,x"])
@@ -59,12 +76,12 @@ def test_parse_policy_rejects(value):
 
 def test_a_schedule_pattern_covers_any_prompt():
     decreasing = parse_policy("1024, 512,256")
-    assert decreasing.choose(request(3000, AttentionConfig())).schedule == (1024, 512, 256, 256, 256, 256, 256, 184)
-    assert decreasing.choose(request(700, AttentionConfig())).schedule == (700,)  # cut to the prompt
-    decision = decreasing.choose(request(1300, AttentionConfig(window=1024, layout="ring")))
+    assert decreasing.decide(request(3000, AttentionConfig())).schedule == (1024, 512, 256, 256, 256, 256, 256, 184)
+    assert decreasing.decide(request(700, AttentionConfig())).schedule == (700,)  # cut to the prompt
+    decision = decreasing.decide(request(1300, AttentionConfig(window=1024, layout="ring")))
     assert decision.schedule == (1024, 276) and decision.chunk_size == 1024 and decision.source == "schedule"
     with pytest.raises(ConfigError, match="chunk_size: ring layout needs chunk_size <= window"):
-        decreasing.choose(request(3000, AttentionConfig(window=512, layout="ring")))
+        decreasing.decide(request(3000, AttentionConfig(window=512, layout="ring")))
     with pytest.raises(ConfigError, match="chunk_size: a schedule must sum to the prompt's 100 tokens; got 90"):
         AttentionConfig().check_schedule([64, 26], 100)
 

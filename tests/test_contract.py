@@ -41,7 +41,8 @@ def test_every_shipped_config_gives_the_same_features_as_its_request():
 
 
 def test_a_tied_checkpoint_counts_its_parameters_once_in_training_and_serving(tmp_path):
-    from engine.engine import Engine, EngineConfig
+    from engine.config import EngineConfig
+    from engine.engine import Engine
     from engine.models import build_model
 
     tied = PRESETS["llama-tiny"].model_copy(update={"tie_embeddings": True})
@@ -59,7 +60,7 @@ def test_a_tied_checkpoint_counts_its_parameters_once_in_training_and_serving(tm
         "l2_cache_bytes": 2**20,
         "l3_cache_bytes": 2**25,
     }
-    features = engine.features(3000, AttentionConfig(window=512, layout="ring"))
+    features = engine.request(3000, AttentionConfig(window=512, layout="ring"))
     row = {**features.row(hardware), "hardware_id": "abc", "family": "llama", "chunk_size": 256}  # as profiled
     request = ChunkRequest(**dict(features), hardware=hardware)  # as the engine asks
     assert ChunkRequest.from_row(row) == request

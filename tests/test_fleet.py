@@ -20,7 +20,7 @@ from servers import mlflow_server, postgres, wait_until
 from test_profiler import TINY, write_spec
 
 from chunkpilot.dataset import DataError, read_dataset
-from chunkpilot.fleet import PARTITION, PROFILING, gather, listed
+from chunkpilot.fleet import PARTITION, PROFILING_EXPERIMENT, gather, listed
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from profiler.spec import Spec
 
@@ -56,7 +56,7 @@ def runs_of(url: str, spec: str) -> list:
     from mlflow import MlflowClient
 
     client = MlflowClient(url)
-    experiment = client.get_experiment_by_name(PROFILING)
+    experiment = client.get_experiment_by_name(PROFILING_EXPERIMENT)
     return client.search_runs([experiment.experiment_id], f"tags.spec = '{spec}'") if experiment else []
 
 

@@ -15,9 +15,9 @@ from chunkpilot.chunks import spread_positions
 from chunkpilot.contract import MAX_GLOBAL_TOKENS, AttentionConfig, ChunkRequest, ConfigError
 from chunkpilot.features import FEATURES, build
 from cli import main
-from engine.engine import Prompt
 from engine.global_tokens import GlobalTokens
 from engine.policy import FixedPolicy
+from engine.workload import Workload
 from profiler.spec import Spec
 
 TEXT = "Context: windows slide. " * 30 + "Question: what is kept? " + "More context follows here. " * 30
@@ -53,14 +53,14 @@ def test_the_engine_s_marker_tokens_stay_visible_like_the_reference(engines, lay
     engine = engines("gemma3-interleaved")
     attention = AttentionConfig(window=32, layout=layout, sinks=2)
     spec = GlobalTokens.parse(["text:Question:", "3"])
-    result = engine.run(TEXT, None, attention, FixedPolicy(32), spec)
+    result = engine.run(Workload(None, attention, spec, TEXT), FixedPolicy(32))
     ids = engine.tokenizer.encode(TEXT).ids
     positions = spec.resolve(ids, lambda text: engine.tokenizer.encode(text).ids)
     assert result.global_tokens == len(positions) > 1
     full = torch.tensor([[*ids, result.first_token]])
     ref = reference_logits(engine.model, engine.shape, full, 32, 2, "sdpa", tuple(positions))
     torch.testing.assert_close(result.first_logits, ref[len(ids) - 1], atol=1e-4, rtol=0)
-    plain = engine.run(TEXT, None, attention, FixedPolicy(32))  # the same prompt without global tokens
+    plain = engine.run(Workload(None, attention, text=TEXT), FixedPolicy(32))  # the same prompt, no global tokens
     assert not torch.allclose(plain.first_logits, result.first_logits, atol=1e-3)  # they matter
 
 
@@ -68,7 +68,7 @@ def test_a_count_alone_spreads_the_tokens_and_is_a_feature(engines):
     engine = engines("llama-tiny")
     n, attention = 600, AttentionConfig(window=64, global_tokens=8)
     assert spread_positions(8, n) == [66, 133, 200, 266, 333, 400, 466, 533]
-    result = engine.run(engine.prompt_text(Prompt(num_tokens=n)), n, attention, FixedPolicy(128))
+    result = engine.run(Workload(n, attention), FixedPolicy(128))
     assert result.global_tokens == 8
     hardware = {"matmul_gflops": 100.0, "bandwidth_gbs": 10.0, "call_overhead_ms": 1.0, "cores": 2}
     request = ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=hardware)

@@ -23,9 +23,9 @@ class Asked:
     name: str = "asked"
     requests: list[RequestFeatures] = field(default_factory=list)
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         self.requests.append(request)
-        return RulePolicy().choose(request)
+        return RulePolicy().decide(request)
 
 
 def test_generate_with_auto_gives_the_same_tokens_as_one_shot(tmp_path, trained_store):
@@ -47,7 +47,7 @@ def test_generate_with_auto_gives_the_same_tokens_as_one_shot(tmp_path, trained_
 def test_the_model_s_config_becomes_the_request():
     mistral = load_model("mistral-44m").model  # its own sliding window, 1024
     asked = Asked()
-    assert prefill_chunk_size(mistral, 3000, asked).chunk_size == RulePolicy().choose(asked.requests[0]).chunk_size
+    assert prefill_chunk_size(mistral, 3000, asked).chunk_size == RulePolicy().decide(asked.requests[0]).chunk_size
     request = asked.requests[0]
     assert request.context_length == 3000 and request.attention.window == 1024 and request.attention.layout == "shift"
     assert request.shape.num_layers == mistral.config.num_hidden_layers and request.dtype == "float32"

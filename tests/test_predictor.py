@@ -21,6 +21,7 @@ from servers import free_port, serve, wait_until
 from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
 from cli.processes import answers
 from engine.predictor_client import Answers, AutoPolicy, Breaker, InProcessPolicy, Remembered
+from engine.workload import Workload
 from predictor.app import create_app
 from predictor.settings import Settings
 
@@ -131,16 +132,16 @@ def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> R
 
 def test_auto_asks_once_per_length_or_table_segment_then_uses_its_cache(server):
     policy = AutoPolicy(server, 2.0, HARDWARE)
-    first, second, other = policy.choose(features(3000)), policy.choose(features(3000)), policy.choose(features(8000))
+    first, second, other = policy.decide(features(3000)), policy.decide(features(3000)), policy.decide(features(8000))
     assert (first.source, second.source, other.source) == ("service", "cache", "service")
     assert first.model_version == "1" and first.chunk_size == second.chunk_size
     # an answer from the service's decision table holds for its span: `full` as each prompt's own length
     policy.answers.put(features(3000), Remembered(2990, 3010, "full", None, time.monotonic()))
-    assert (policy.choose(features(3001)).chunk_size, policy.choose(features(3001)).source) == (512, "cache")
-    assert policy.choose(features(3011)).source == "service"  # past the span: asked
+    assert (policy.decide(features(3001)).chunk_size, policy.decide(features(3001)).source) == (512, "cache")
+    assert policy.decide(features(3011)).source == "service"  # past the span: asked
     wide = features(3001, None, "shift")
     policy.answers.put(wide, Remembered(2990, 3010, "full", None, time.monotonic()))
-    assert policy.choose(wide).chunk_size == 3001
+    assert policy.decide(wide).chunk_size == 3001
 
 
 def test_cached_answers_replace_those_they_overlap_and_expire():
@@ -155,14 +156,12 @@ def test_cached_answers_replace_those_they_overlap_and_expire():
 
 
 def test_engine_prefill_with_auto_records_the_decision(server, engines):
-    from engine.engine import Prompt
-
     engine = engines("llama-tiny")
     policy = AutoPolicy(server, 2.0, HARDWARE)
-    result = engine.measure(Prompt(num_tokens=300), AttentionConfig(64, "ring"), policy, repeats=2)
-    sources = [r.decision_source for r in result.runs]
+    result = engine.measure(Workload(300, AttentionConfig(64, "ring")), policy, repeats=2)
+    sources = [r.decision.source for r in result.runs]
     assert sources == ["cache", "cache"]  # the warm-up asked the service
-    assert all(r.decision_model_version == "1" and r.chunk_size <= 64 for r in result.runs)
+    assert all(r.decision.model_version == "1" and r.chunk_size <= 64 for r in result.runs)
 
 
 def garbage_app(delay_s: float = 0.0, reply: str = "not json") -> FastAPI:
@@ -192,7 +191,7 @@ def test_fallback_to_the_rule_with_bounded_delay(make_server):
     with make_server() as url:
         policy = AutoPolicy(url, 0.05, HARDWARE)
         t0 = time.perf_counter()
-        decision = policy.choose(features())
+        decision = policy.decide(features())
         elapsed = time.perf_counter() - t0
     assert decision.source == "fallback" and decision.chunk_size == 512
     assert elapsed < 0.05 + 0.25  # the timeout, plus connection set-up slack
@@ -201,28 +200,26 @@ def test_fallback_to_the_rule_with_bounded_delay(make_server):
 def test_breaker_opens_then_closes_after_the_service_returns(trained_store):
     port = free_port()
     policy = AutoPolicy(f"http://127.0.0.1:{port}", 0.2, HARDWARE, Breaker(failures=2, cooldown_s=0.5))
-    assert [policy.choose(features(n)).source for n in (1000, 2000)] == ["fallback", "fallback"]
+    assert [policy.decide(features(n)).source for n in (1000, 2000)] == ["fallback", "fallback"]
     assert policy.breaker.is_open
     t0 = time.perf_counter()
-    assert policy.choose(features(4000)).source == "fallback"  # open: not even asked
+    assert policy.decide(features(4000)).source == "fallback"  # open: not even asked
     assert time.perf_counter() - t0 < 0.01
     with serve(create_app(settings(trained_store)), port=port):
         time.sleep(0.5)
-        assert policy.choose(features(4000)).source == "service"  # the probe succeeds
+        assert policy.decide(features(4000)).source == "service"  # the probe succeeds
     assert not policy.breaker.is_open
 
 
 def test_in_process_mode_gives_the_same_choice(server, trained_store):
-    over_http = AutoPolicy(server, 2.0, HARDWARE).choose(features())
-    local = InProcessPolicy(trained_store, HARDWARE).choose(features())
+    over_http = AutoPolicy(server, 2.0, HARDWARE).decide(features())
+    local = InProcessPolicy(trained_store, HARDWARE).decide(features())
     assert (local.source, local.chunk_size, local.model_version) == ("in-process", over_http.chunk_size, "1")
 
 
 def test_in_process_auto_learns_from_its_own_prefills(trained_store, engines):
-    from engine.engine import Prompt
-
     engine, policy = engines("llama-tiny"), InProcessPolicy(trained_store, Hardware(**HARDWARE))
-    engine.run(engine.prompt_text(Prompt(num_tokens=600)), 600, AttentionConfig(None), policy)
+    engine.run(Workload(600), policy)
     assert policy.predictor.info["learnt_from_prefills"] == 1  # no retrain, no service
 
 
@@ -241,9 +238,9 @@ def test_the_served_decision_follows_the_trained_recipe(trained_store):
         return dataclasses.replace(served, recipe=dataclasses.replace(served.recipe, chooser=Chooser(z)))
 
     request = ChunkRequest.model_validate(body(attention={"window": None}, context_length=6000))
-    plain = with_z(0.0).decide(request)
+    plain = with_z(0.0).answer(request).response
     assert plain.chunk_size == plain.top[0].chunk_size and not plain.deferred  # z = 0: the argmin
-    cautious = with_z(1e9).decide(request)  # no predicted saving is that certain
+    cautious = with_z(1e9).answer(request).response  # no predicted saving is that certain
     assert cautious.chunk_size == cautious.rule.chunk_size == 768  # the hand rule at 6000 tokens
     assert cautious.deferred == (plain.chunk_size != 768)
 
@@ -343,11 +340,9 @@ def test_schemathesis_finds_no_server_errors(server):
 
 def test_demo_comparison_table(server):
     from cli.demo import compare_with_service
-    from engine.comparison import PromptCase
 
-    table = compare_with_service(
-        "llama-tiny", server, max_rounds=2, cases=[PromptCase(200), PromptCase(300, 64, "ring", 4)]
-    )
+    workloads = [Workload(200), Workload(300, AttentionConfig(64, "ring", 4))]
+    table = compare_with_service("llama-tiny", server, max_rounds=2, workloads=workloads)
     lines = table.splitlines()
     assert lines[0].split()[:4] == ["prompt", "auto", "fixed", "1024"]
     assert lines[1].startswith("200 tok, no window") and lines[2].startswith("300 tok, w64 ring s4")
@@ -361,10 +356,10 @@ def test_demo_comparison_table(server):
 
 def test_the_demo_s_learning_phase_teaches_the_service_its_prefills(trained_store, tmp_path):
     from cli.demo import learn_with_service
-    from engine.comparison import PromptCase
 
+    workloads = [Workload(300), Workload(500, AttentionConfig(64, "ring"))]
     with serve(create_app(settings(trained_store, telemetry_dir=tmp_path))) as url:
-        said = learn_with_service("llama-tiny", url, [PromptCase(300), PromptCase(500, 64, "ring")], passes=2)
+        said = learn_with_service("llama-tiny", url, workloads, passes=2)
         assert said.startswith("learning from 4 prefills") and "0 dropped" in said
         assert httpx.get(f"{url}/v1/model").json()["learnt_from_prefills"] == 4
 

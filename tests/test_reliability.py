@@ -26,8 +26,8 @@ from servers import answers, free_port, mlflow_server, postgres, serve, serve_pr
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest
 from chunkpilot.registry import MODEL_NAME
-from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy, Breaker
+from engine.workload import Workload
 from predictor.app import create_app
 from predictor.model import Infeasible, load_predictor
 from predictor.settings import Settings
@@ -194,7 +194,7 @@ def own_answers(uri: str, bodies: list[dict]) -> dict[tuple[int, str], set[tuple
         MlflowClient(tracking_uri=uri).set_registered_model_alias(MODEL_NAME, f"check-{version}", version)
         predictor = load_predictor(uri, MODEL_NAME, f"check-{version}", budget=1.0, tabled=False)
         for i, b in enumerate(bodies):
-            decision = predictor.decide(ChunkRequest.model_validate(b))
+            decision = predictor.answer(ChunkRequest.model_validate(b)).response
             expected[i, version] = {(decision.chunk_size, decision.predicted_ttft_ms)}
         predictor.close()
     return expected
@@ -253,7 +253,7 @@ def test_engine_completes_every_prefill_while_the_service_dies_and_returns(train
 
     def prefill():
         n = next(lengths)
-        return engine.run(engine.prompt_text(Prompt(num_tokens=n)), n, attention, policy)
+        return engine.run(Workload(n, attention), policy)
 
     with serve_process(port, tracking_uri=trained_store) as (url, proc):
         assert wait_until(lambda: is_ready(url))
@@ -267,9 +267,9 @@ def test_engine_completes_every_prefill_while_the_service_dies_and_returns(train
         time.sleep(cooldown_s)
         back = [prefill() for _ in range(3)]
     policy.close()
-    assert [r.decision_source for r in served] == ["service"] * 3
-    assert [r.decision_source for r in dead] == ["fallback"] * 4
-    assert [r.decision_source for r in back] == ["service"] * 3 and not policy.breaker.is_open
+    assert [r.decision.source for r in served] == ["service"] * 3
+    assert [r.decision.source for r in dead] == ["fallback"] * 4
+    assert [r.decision.source for r in back] == ["service"] * 3 and not policy.breaker.is_open
     assert all(r.ttft_ms > 0 and r.decision_ms < (timeout_s + 0.25) * 1e3 for r in served + dead + back)
 
 
@@ -368,7 +368,7 @@ def test_any_valid_request_gets_a_feasible_chunk_and_finite_predictions(
     )
     allowed, _ = feasible_chunks(tuple(candidates or DEFAULT_CHUNKS), n, window, attention["layout"])
     try:
-        decision = predictor.decide(request)
+        decision = predictor.answer(request).response
     except Infeasible as exc:
         assert not allowed or str(exc).startswith("model."), str(exc)  # nothing feasible, or an impossible shape
         return

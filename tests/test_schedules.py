@@ -14,9 +14,9 @@ from chunkpilot.chunks import max_chunk, uniform
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
 from chunkpilot.features import build
 from chunkpilot.registry import CHAMPION, MODEL_NAME
-from engine.engine import Prompt
 from engine.policy import FixedPolicy
 from engine.predictor_client import AutoPolicy, InProcessPolicy
+from engine.workload import Workload
 from predictor.app import create_app
 from predictor.model import load_predictor, resolve_hardware
 from predictor.schedule import search_steps
@@ -32,7 +32,7 @@ def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(tra
     predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
     assert predictor.info["schedules"]  # the small dataset has per-chunk times
     request = ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE, schedule=True)
-    answer = predictor.decide(request)
+    answer = predictor.answer(request).response
     att = request.attention
     att.check_schedule(answer.schedule, n)  # sizes that fit the layout, summing to the prompt
     hw = resolve_hardware(predictor.hardware, request.hardware, request.dtype, request.threads)
@@ -46,26 +46,26 @@ def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(tra
     uniform_sizes, _ = search_steps(ranked, n, max_chunk(n, att.window, att.layout))
     assert answer.chunk_size in uniform_sizes or answer.chunk_size >= n
     assert all(predicted(answer.schedule) <= predicted(uniform(n, c)) * (1 + 1e-9) for c in uniform_sizes)
-    assert predictor.decide(request.model_copy(update={"schedule": False})).schedule is None  # only when asked
+    assert predictor.answer(request.model_copy(update={"schedule": False})).response.schedule is None  # only when asked
 
 
 def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store, engines, tmp_path):
     engine = engines("llama-tiny")
     n, attention = 700, AttentionConfig(window=128, layout="ring")
-    text = engine.prompt_text(Prompt(num_tokens=n))
+    workload = Workload(n, attention)
     app = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path))
     with serve(app) as url:
-        body = ChunkRequest(**dict(engine.features(n, attention)), hardware=HARDWARE, schedule=True)
+        body = ChunkRequest(**dict(engine.request(n, attention)), hardware=HARDWARE, schedule=True)
         answered = httpx.post(f"{url}/v1/chunk-size", json=body.model_dump(mode="json")).json()["schedule"]
         policy = AutoPolicy(url, 2.0, HARDWARE, schedule=True)
-        served = engine.run(text, n, attention, policy)
-        again = engine.run(text, n, attention, policy)  # from the client's cache, schedule and all
+        served = engine.run(workload, policy)
+        again = engine.run(workload, policy)  # from the client's cache, schedule and all
         policy.close()
     in_process = InProcessPolicy(trained_store, HARDWARE, schedule=True)
-    local = engine.run(text, n, attention, in_process)
-    plain = engine.run(text, n, attention, FixedPolicy(128))
-    assert served.schedule == answered == local.schedule and served.decision_source == "service"
-    assert again.decision_source == "cache" and again.schedule == answered
+    local = engine.run(workload, in_process)
+    plain = engine.run(workload, FixedPolicy(128))
+    assert served.schedule == answered == local.schedule and served.decision.source == "service"
+    assert again.decision.source == "cache" and again.schedule == answered
     assert served.num_chunks == len(answered) and max(answered) <= 128
     assert served.first_token == plain.first_token
 
@@ -80,9 +80,9 @@ def test_the_search_stays_small_for_any_request(trained_store):
     n = 1 << 20
 
     def ask(candidates):
-        return predictor.decide(
+        return predictor.answer(
             ChunkRequest(context_length=n, model="llama-tiny", hardware=HARDWARE, candidates=candidates, schedule=True)
-        )
+        ).response
 
     assert ask([1, 3]).schedule is None
     assert set(ask([1 << 14, 1 << 15]).schedule) <= {1 << 15, n}  # 16k chunks would need 64 boundaries

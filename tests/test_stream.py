@@ -13,37 +13,35 @@ import torch
 
 from chunkpilot.contract import AttentionConfig, RequestFeatures
 from cli import main
-from engine.engine import Prompt
-from engine.policy import Decision, RulePolicy
-from engine.stream import StreamRequest, stream
+from engine.policy import ChunkPolicy, Decision, RulePolicy
+from engine.stream import stream
+from engine.workload import Workload
 
 
 @dataclass
-class RecordingRule:
+class RecordingRule(ChunkPolicy):
     """The hand rule, noting when and on which thread each decision was asked (a test double)."""
 
     name: str = "recording-rule"
     asked: list[tuple[int, str, float]] = field(default_factory=list)  # (context length, thread, time)
 
-    def choose(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: RequestFeatures) -> Decision:
         self.asked.append((request.context_length, threading.current_thread().name, time.perf_counter()))
-        return RulePolicy().choose(request)
+        return RulePolicy().decide(request)
 
 
 NO_WINDOW = AttentionConfig()
 
 
-def requests(engine, lengths, attention=NO_WINDOW) -> list[StreamRequest]:
-    return [
-        StreamRequest(engine.prompt_text(Prompt(num_tokens=n, seed=i)), n, attention) for i, n in enumerate(lengths)
-    ]
+def requests(lengths: list[int], attention: AttentionConfig = NO_WINDOW) -> list[Workload]:
+    return [Workload(n, attention, seed=i) for i, n in enumerate(lengths)]
 
 
 @pytest.mark.parametrize("attention", [NO_WINDOW, AttentionConfig(window=64, layout="ring")])
 def test_overlap_changes_no_result(engines, attention):
     engine = engines("llama-tiny")
-    batch = requests(engine, [300, 120, 500, 64], attention)
-    alone = [engine.run(r.text, r.max_tokens, r.attention, RulePolicy()) for r in batch]
+    batch = requests([300, 120, 500, 64], attention)
+    alone = [engine.run(w, RulePolicy()) for w in batch]
     for overlap in (False, True):
         streamed = list(stream(engine, batch, RulePolicy(), overlap))
         assert [r.chunk_size for r in streamed] == [r.chunk_size for r in alone]
@@ -54,7 +52,7 @@ def test_overlap_changes_no_result(engines, attention):
 
 def test_the_next_request_is_prepared_during_the_current_prefill(engines):
     engine = engines("llama-tiny")
-    batch = requests(engine, [400, 300, 200])
+    batch = requests([400, 300, 200])
     policy, yielded = RecordingRule(), []
     for result in stream(engine, batch, policy, overlap=True):
         yielded.append(time.perf_counter())

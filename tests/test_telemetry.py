@@ -18,9 +18,9 @@ from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome, RequestFeatures
 from chunkpilot.correction import CLIP
 from chunkpilot.dataset import Partition, read_dataset
-from engine.engine import Prompt
 from engine.predictor_client import AutoPolicy
 from engine.telemetry import Reporter, to_service
+from engine.workload import Workload
 from predictor.app import create_app
 from predictor.settings import Settings
 from training.data import load_table, merge_telemetry
@@ -60,8 +60,9 @@ def test_auto_prefills_land_in_the_partition_as_dataset_rows(service, engines):
     url, partition = service
     engine = engines("llama-tiny")
     policy = AutoPolicy(url, 2.0, HARDWARE, reporter=Reporter(to_service(url), interval_s=0.05))
-    text = engine.prompt_text(Prompt(num_tokens=1500))
-    runs = [engine.run(text, n, AttentionConfig(window=w), policy) for n, w in ((1500, None), (900, 256), (400, None))]
+    text = engine.text(Workload(1500))
+    cut = [Workload(n, AttentionConfig(w), text=text) for n, w in ((1500, None), (900, 256), (400, None))]
+    runs = [engine.run(w, policy) for w in cut]
     policy.close()  # flushes the queue
     assert policy.reporter.sent == 3 and policy.reporter.dropped == 0
     rows = read_dataset(partition).sort_values("context_length")
@@ -69,7 +70,7 @@ def test_auto_prefills_land_in_the_partition_as_dataset_rows(service, engines):
     assert rows.context_length.tolist() == [400, 900, 1500]
     for run, row in zip(sorted(runs, key=lambda r: r.context_length), rows.itertuples(), strict=True):
         assert (row.chunk_size, row.ttft_ms, list(row.chunk_ms)) == (run.chunk_size, run.ttft_ms, run.chunk_ms)
-        assert row.decision_source == run.decision_source and row.spec_name == "telemetry"
+        assert row.decision_source == run.decision.source and row.spec_name == "telemetry"
     metrics = httpx.get(f"{url}/metrics").text
     assert 'chunkpilot_outcomes_total{result="accepted"} 3.0' in metrics
 
@@ -137,9 +138,9 @@ def test_service_down_outcomes_are_dropped_and_counted_never_the_prefill(engines
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens
     engine = engines("llama-tiny")
     policy = AutoPolicy(url, 0.05, HARDWARE, reporter=Reporter(to_service(url, timeout_s=0.2), interval_s=0.05))
-    result = engine.run(engine.prompt_text(Prompt(num_tokens=300)), 300, AttentionConfig(), policy)
+    result = engine.run(Workload(300), policy)
     policy.close()
-    assert result.decision_source == "fallback" and result.ttft_ms > 0
+    assert result.decision.source == "fallback" and result.ttft_ms > 0
     assert (policy.reporter.sent, policy.reporter.dropped) == (0, 1) and "ConnectError" in policy.reporter.last_error
 
 
@@ -190,7 +191,8 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
     import math
 
-    from chunkpilot.contract import Candidate, ChunkResponse, Gain
+    from chunkpilot.contract import Candidate, ChunkResponse
+    from predictor.answer import Answer, Gain
     from predictor.model import expected_gain
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
@@ -198,7 +200,7 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     answer = ChunkResponse(
         chunk_size=512, predicted_ttft_ms=best_ms, top=top, rule=top[1], model_version="1", source="model"
     )
-    return answer.with_gains((Gain(768, other_ms / best_ms, gain),))
+    return Answer(answer, (Gain(768, other_ms / best_ms, gain),))
 
 
 def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expected_to_gain():
@@ -216,16 +218,18 @@ def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expecte
 
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
-    from chunkpilot.contract import Candidate, ChunkResponse, Gain
+    from chunkpilot.contract import Candidate, ChunkResponse
+    from predictor.answer import Answer, Gain
     from predictor.explore import Explorer
 
     sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
     # the runner-up (768) is 1% slower but the members agree; 256 is 10% slower but they disagree widely
-    answer = ChunkResponse(
+    response = ChunkResponse(
         chunk_size=512, predicted_ttft_ms=100.0, top=sizes, rule=sizes[0], model_version="1", source="model"
-    ).with_gains((Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
+    )
+    answer = Answer(response, (Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
     assert Explorer(budget=0.5).answer(answer, N).chunk_size == 256
-    whole = answer.with_gains((Gain("full", 1.1, 0.04),))  # the whole prompt: its length, whatever it is
+    whole = Answer(response, (Gain("full", 1.1, 0.04),))  # the whole prompt: its length, whatever it is
     assert Explorer(budget=0.5).answer(whole, N).chunk_size == N
 
 
@@ -265,7 +269,7 @@ def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trai
         unsure = next(r for r, a in zip(requests, given, strict=True) if a["explored"])
         policy = AutoPolicy(url, 2.0, HARDWARE)
         features = RequestFeatures(**{k: v for k, v in dict(unsure).items() if k in RequestFeatures.model_fields})
-        decisions = [policy.choose(features) for _ in range(3)]
+        decisions = [policy.decide(features) for _ in range(3)]
         policy.close()
     assert not any(p["explored"] for p in picks)
     explored = [(p, a) for p, a in zip(picks, given, strict=True) if a["explored"]]
@@ -302,15 +306,15 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     root = tmp_path / "data"
     shutil.copytree(small_dataset, root / "profiled")
     engine = engines("llama-tiny")
-    text = engine.prompt_text(Prompt(num_tokens=700))
+    text = engine.text(Workload(700))
 
     def prefills(configs, every_size: bool = False) -> None:  # as the engine reports them
         outcomes = []
         for n, window in configs:
-            request = ChunkRequest(**dict(engine.features(n, AttentionConfig(window=window))), hardware=HARDWARE)
+            request = ChunkRequest(**dict(engine.request(n, AttentionConfig(window=window))), hardware=HARDWARE)
             sizes = feasible_chunks(DEFAULT_CHUNKS, n, window, "shift")[0] if every_size else [128, 256] * 2
             for chunk in sizes:
-                result = engine.run(text, n, AttentionConfig(window=window), FixedPolicy(chunk))
+                result = engine.run(Workload(n, AttentionConfig(window), text=text), FixedPolicy(chunk))
                 outcomes.append(Outcome.model_validate({**as_outcome(request, result), "source": "service"}))
         Partition(root / "telemetry").append(outcomes)
 

@@ -78,21 +78,21 @@ def prefill_auto(tmp_path, uri: str, *extra: str) -> tuple[dict, str]:
 def test_unseen_machine_gets_service_then_in_process_decisions_from_any_folder(tmp_path, foreign_store):
     with serve(create_app(Settings(tracking_uri=foreign_store, poll_interval_s=0))) as url:
         report, err = prefill_auto(tmp_path, foreign_store, "--predictor-url", url)
-    sources = [r["decision_source"] for r in report["repeats"]]
-    assert sources == ["cache"] and report["decision_model_version"] == "1"  # the warm-up asked the service
-    assert report["decision_reason"] is None and "fell back" not in err
+    sources = [r["decision"]["source"] for r in report["repeats"]]
+    assert sources == ["cache"] and report["decision"]["model_version"] == "1"  # the warm-up asked the service
+    assert report["decision"]["reason"] is None and "fell back" not in err
     assert "measuring this machine" in err  # the empty cache was filled once...
     cached = list((tmp_path / "cache" / "hardware").glob("*.json"))
     assert len(cached) == 1 and "float32/2" in json.loads(cached[0].read_text())
     report, again = prefill_auto(tmp_path, foreign_store, "--in-process")
     assert "measuring this machine" not in again  # ...and reused
-    assert report["decision_source"] == "in-process" and report["decision_model_version"] == "1", again
+    assert report["decision"]["source"] == "in-process" and report["decision"]["model_version"] == "1", again
 
 
 def test_a_fallback_says_why_once_on_stderr_and_in_the_json(tmp_path, foreign_store):
     port = free_port()  # nothing listens there
     report, err = prefill_auto(tmp_path, foreign_store, "--predictor-url", f"http://127.0.0.1:{port}")
-    assert report["decision_source"] == "fallback" and f"127.0.0.1:{port}" in report["decision_reason"]
+    assert report["decision"]["source"] == "fallback" and f"127.0.0.1:{port}" in report["decision"]["reason"]
     assert err.count("auto fell back to the hand rule") == 1  # two decisions fell back, one line
 
 
@@ -126,12 +126,12 @@ def test_a_promoted_model_replaces_cached_answers_within_poll_plus_ttl(tmp_path,
     poll_s, ttl_s = 0.3, 0.5
     with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=poll_s))) as url:
         policy = AutoPolicy(url, 2.0, hardware, cache_ttl_s=ttl_s)
-        assert policy.choose(request).model_version == "1"
-        assert policy.choose(request).source == "cache"
+        assert policy.decide(request).model_version == "1"
+        assert policy.decide(request).source == "cache"
         train(small_dataset, **quick(learning_rate=0.3, num_leaves=7))  # v2, whatever the gate said
         MlflowClient().set_registered_model_alias(MODEL_NAME, "champion", "2")
         promoted = time.monotonic()
-        assert wait_until(lambda: policy.choose(request).model_version == "2", seconds=20, every=0.05)
+        assert wait_until(lambda: policy.decide(request).model_version == "2", seconds=20, every=0.05)
         waited = time.monotonic() - promoted
         policy.close()
     assert waited < poll_s + ttl_s + 5.0  # the bound, plus a model load's time (about 2 s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Protocol
 
 import lightgbm as lgb
 import numpy as np
@@ -57,6 +58,21 @@ class HeldOutChoices:
     chunks: dict[str, int]  # group -> chosen chunk size
     predicted_ms: np.ndarray | None = None  # per test row, for regressors
     deferred: set[str] | None = None  # groups where a do-no-harm recipe took the rule's size instead
+
+
+class HeldOutPolicy(Protocol):
+    """What training judges: asked about every held-out config of a fold at once (a served recipe,
+    training/served.py, or a baseline)."""
+
+    name: str
+
+    def choose(self, test: Table) -> HeldOutChoices: ...
+
+
+class Baseline(HeldOutPolicy, Protocol):
+    """A held-out policy fitted on a fold's training configs first."""
+
+    def fit(self, train: Table) -> None: ...
 
 
 class FixedChunk:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,18 +13,19 @@ import pandas as pd
 from chunkpilot import registry
 from chunkpilot.recipe import load_recipe
 
+from .baselines import Baseline, HeldOutPolicy
 from .data import Table, every_candidate, telemetry_since
 from .metrics import METRICS, records, summarize_regret
 from .served import choose_groups
 from .slices import Fold
 
-Fit = Callable[[Table], dict[str, Any]]  # a fold's training configs -> fitted policies by name
+Fit = Callable[[Table], dict[str, HeldOutPolicy]]  # a fold's training configs -> fitted policies by name
 
 
-def fitted(make: Callable[[], Any]) -> Fit:
+def fitted(make: Callable[[], Baseline]) -> Fit:
     """cross_validate's `fit` for one policy with fit/choose (a baseline)."""
 
-    def fit(train: Table) -> dict[str, Any]:
+    def fit(train: Table) -> dict[str, HeldOutPolicy]:
         policy = make()
         policy.fit(train)
         return {policy.name: policy}

@@ -27,7 +27,7 @@ def _choose_at(recipe: Recipe, r: pd.DataFrame, members: np.ndarray, length: int
         config = {c: first[c] for c in INPUT_COLUMNS}
         members = recipe.members(build({**config, "context_length": length, "chunk_size": lengths}))
     rule = rule_candidate(lengths, length, int(first.window) or None, first.layout)
-    choice = recipe.choose(members, lengths.index(rule))
+    choice = recipe.chooser.pick(members, lengths.index(rule))
     return choice.index, choice.deferred
 
 

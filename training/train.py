@@ -156,7 +156,7 @@ def _log_model(
     mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
     sizes = json.dumps({k: len(v) for k, v in slices.items()})
     mlflow.log_params({**recipe_description(recipe, described), "slices": sizes})
-    mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE)
+    mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE_FILE)
     if trials:
         mlflow.log_dict({"trials": trials}, "search_trials.json")
     for figure, name in (

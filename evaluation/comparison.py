@@ -16,10 +16,8 @@ rounds the best is known well enough, and the rounds that follow time only what 
 the policies' sizes and the best so far, on the prompts where the policies differ. Rounds then
 cost a fraction of a full one, so the savings get many more of them in the same minutes.
 
-A saving of A over B is a share of B's total TTFT: on each prompt, one minus the median over
-rounds of A's time over B's in the same round (timed moments apart, so what the host does to both
-largely cancels), weighted by B's median TTFT on the prompt. Its 95% interval is a bootstrap over
-each prompt's rounds. After `min_rounds`, rounds are added until every interval is narrower than
+Savings of one policy over another, gross and net of decisions, with their 95% intervals, are
+evaluation.savings. After `min_rounds`, rounds are added until every interval is narrower than
 `precision`, the `deadline` leaves no room for another round, or `max_rounds` pass: never on what
 a result says, so the interval keeps its 95%.
 
@@ -32,46 +30,28 @@ ratio and bootstrap as the gross one; both are printed, with the decisions' time
 
 from __future__ import annotations
 
-import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
+from chunkpilot.contract import ConfigError, RequestFeatures
+from engine.engine import Engine
+from engine.measure import interleaved
+from engine.policy import ChunkPolicy
+from engine.workload import Workload
 
-from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
-from chunkpilot.contract import AttentionConfig, ConfigError
+from .rounds import every_size
+from .rounds import steps as size_steps
+from .savings import Saving, bootstrap_savings
 
-from .measure import interleaved, resampled_rounds
-from .policy import ChunkPolicy, FixedPolicy
-
-RESAMPLES = 2000
 WARM_DROP = 2.0  # after the warm-up, a size no policy chose that took over this times the fastest is out
-
-
-@dataclass(frozen=True)
-class PromptCase:
-    tokens: int
-    window: int | None = None
-    layout: str = "shift"
-    sinks: int = 0
-
-    @property
-    def attention(self) -> AttentionConfig:
-        return AttentionConfig(self.window, self.layout, self.sinks)
-
-    @property
-    def label(self) -> str:
-        if self.window is None:
-            return f"{self.tokens} tok, no window"
-        return f"{self.tokens} tok, w{self.window} {self.layout}" + (f" s{self.sinks}" if self.sinks else "")
 
 
 @dataclass
 class PromptResult:
-    case: PromptCase
+    case: Workload
     choices: dict[str, int]  # policy -> chunk size (absent: the policy cannot run this prompt)
     sources: dict[str, str]  # policy -> where its decision came from
     times: dict[int, list[float]] = field(default_factory=dict)  # chunk size -> TTFT ms per round
@@ -86,27 +66,6 @@ class PromptResult:
         return min(self.times, key=self.median)
 
 
-@dataclass(frozen=True)
-class Saving:
-    """The share of the reference's total TTFT that the policy saves, over the prompts both ran, with
-    its 95% interval (module docstring)."""
-
-    policy: str
-    reference: str
-    prompts: int  # the prompts both policies ran
-    saving: float
-    low: float
-    high: float
-    net: float  # the same, each policy charged its first (uncached) decision on every round
-    net_low: float
-    net_high: float
-
-    def settled(self, precision: float) -> bool:
-        """Narrower than `precision`, gross and net: whichever side of 0 they lie, so stopping on it
-        keeps the 95%."""
-        return max(self.high - self.low, self.net_high - self.net_low) < precision
-
-
 @dataclass
 class Evaluation:
     policies: list[str]
@@ -117,22 +76,22 @@ class Evaluation:
     drop_above: float  # the race's margin (module docstring)
 
 
-def _choose(policy: ChunkPolicy, engine, case: PromptCase) -> tuple[int, str, float] | None:
+def _decided(policy: ChunkPolicy, engine: Engine, case: Workload) -> tuple[int, str, float] | None:
     """(the policy's size for the prompt, where it came from, the decision's ms), or None."""
-    features = engine.features(case.tokens, case.attention)
+    request = engine.request(case.context_length, case.attention)
     try:
         began = time.perf_counter()
-        decision = policy.choose(features)
+        decision = policy.decide(request)
         took = (time.perf_counter() - began) * 1e3
         case.attention.check_chunk(decision.chunk_size)
     except ConfigError:  # e.g. one shot on a ring shorter than the prompt
         return None
-    return min(decision.chunk_size, case.tokens), decision.source, took
+    return min(decision.chunk_size, case.context_length), decision.source, took
 
 
-def _decision_ms(policy: ChunkPolicy, features) -> float:
+def _decision_ms(policy: ChunkPolicy, request: RequestFeatures) -> float:
     began = time.perf_counter()
-    policy.choose(features)
+    policy.decide(request)
     return (time.perf_counter() - began) * 1e3
 
 
@@ -149,47 +108,10 @@ def still_compared(p: PromptResult) -> set[int]:
     return chosen | {p.best} if len(chosen) > 1 else set()
 
 
-def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
-    """Each saving from the per-round ratios of the two policies' sizes (module docstring). The
-    bootstrap resamples each prompt's rounds, with the same draws for every pair."""
-    out = []
-    for policy, reference in pairs:
-        both = [(k, p) for k, p in enumerate(prompts) if policy in p.choices and reference in p.choices]
-        if not both:
-            continue
-        weights = np.array([p.median(p.choices[reference]) for _, p in both])  # [P] the reference's TTFT
-        point, boot = np.zeros(len(both)), np.zeros((RESAMPLES, len(both)))  # per-prompt savings; [B, P]
-        net_point, net_boot = np.zeros(len(both)), np.zeros((RESAMPLES, len(both)))
-        for j, (k, p) in enumerate(both):
-            # [R] the same round, moments apart (every policy's size on a prompt is timed in the same rounds)
-            ours, theirs = np.asarray(p.times[p.choices[policy]]), np.asarray(p.times[p.choices[reference]])
-            draws = resampled_rounds(len(ours), RESAMPLES, np.random.default_rng([seed, k]))  # [B, R]
-            charged = (ours + p.first_decision_ms.get(policy, 0.0)) / (theirs + p.first_decision_ms.get(reference, 0.0))
-            for ratio, at, spread in ((ours / theirs, point, boot), (charged, net_point, net_boot)):
-                at[j], spread[:, j] = 1 - np.median(ratio), 1 - np.median(ratio[draws], axis=1)
-        share = weights / weights.sum()  # [P]
-        low, high = np.quantile(boot @ share, [0.025, 0.975])
-        net_low, net_high = np.quantile(net_boot @ share, [0.025, 0.975])
-        out.append(
-            Saving(
-                policy,
-                reference,
-                len(both),
-                float(point @ share),
-                float(low),
-                float(high),
-                float(net_point @ share),
-                float(net_low),
-                float(net_high),
-            )
-        )
-    return out
-
-
 def evaluate(
-    engine,
+    engine: Engine,
     policies: dict[str, ChunkPolicy],
-    cases: list[PromptCase],
+    cases: list[Workload],
     pairs: list[tuple[str, str]],
     full_rounds: int = 3,
     min_rounds: int = 5,
@@ -201,13 +123,11 @@ def evaluate(
 ) -> Evaluation:
     """Measure `cases` as the module says; `pairs` are the (policy, reference) savings to settle;
     `deadline` (time.monotonic()) bars a round past `min_rounds` that would likely end after it."""
-    from .engine import Prompt
-
     min_rounds = min(min_rounds, max_rounds)  # fewer allowed rounds still end with their savings
 
     prompts = []
     for case in cases:
-        picked = {name: _choose(policy, engine, case) for name, policy in policies.items()}
+        picked = {name: _decided(policy, engine, case) for name, policy in policies.items()}
         picked = {name: c for name, c in picked.items() if c is not None}
         result = PromptResult(
             case,
@@ -216,15 +136,9 @@ def evaluate(
             first_decision_ms={n: ms for n, (_, _, ms) in picked.items()},
             decision_ms={n: [] for n in picked},
         )
-        sweep, _ = feasible_chunks(DEFAULT_CHUNKS, case.tokens, case.window, case.layout)
-        result.times = {c: [] for c in sorted({*sweep, *result.choices.values()})}
+        result.times = {c: [] for c in sorted({*every_size(case), *result.choices.values()})}
         prompts.append(result)
-    texts = {p.case.tokens: engine.prompt_text(Prompt(num_tokens=p.case.tokens)) for p in prompts}
-
-    def run(p: PromptResult, c: int) -> float:
-        return engine.run(texts[p.case.tokens], p.case.tokens, p.case.attention, FixedPolicy(c)).ttft_ms
-
-    steps = [{c: functools.partial(run, p, c) for c in p.times} for p in prompts]  # per prompt: its sizes
+    steps = [size_steps(engine, p.case, list(p.times)) for p in prompts]  # per prompt: its sizes
     for p, sizes in zip(prompts, steps, strict=True):
         warm = {c: t for c, (t,) in interleaved(sizes, 1, warmup=0).items()}  # the warm-up: raced, not kept
         for c in [c for c, t in warm.items() if t > WARM_DROP * min(warm.values()) and c not in p.choices.values()]:
@@ -241,9 +155,9 @@ def evaluate(
         for p, sizes in zip(prompts, steps, strict=True):  # each prompt's sizes rotated: drift hits them alike
             if not sizes:  # nothing left to compare on this prompt
                 continue
-            features = engine.features(p.case.tokens, p.case.attention)
+            request = engine.request(p.case.context_length, p.case.attention)
             for name in p.choices:  # the steady state: one more decision a round, timed the same way
-                p.decision_ms[name].append(_decision_ms(policies[name], features))
+                p.decision_ms[name].append(_decision_ms(policies[name], request))
             for c, times in interleaved(sizes, 1, warmup=0, start=rounds).items():
                 p.times[c] += times
             dropped = raced_out(p, drop_above) if rounds < full_rounds else p.times.keys() - still_compared(p)

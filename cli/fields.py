@@ -1,0 +1,56 @@
+"""Command-line options made from a pydantic model's fields, so that a default, a choice list, a
+bound or a help text is written once, on the field. The values stay strings until the model is
+built from them, which checks them and names the field it refuses."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Literal, get_args, get_origin
+
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel
+
+
+def choices(annotation: object) -> tuple[str, ...] | None:
+    """A Literal's values (the field's allowed spellings), else None."""
+    return get_args(annotation) if get_origin(annotation) is Literal else None
+
+
+def bounds(model: type[BaseModel], name: str) -> str:
+    """The field's numeric bounds as help text: `>= 1, <= 1024`, or empty."""
+    said = []
+    for rule in model.model_fields[name].metadata:
+        for kind, attr, sign in ((Ge, "ge", ">="), (Gt, "gt", ">"), (Le, "le", "<="), (Lt, "lt", "<")):
+            if isinstance(rule, kind):
+                said.append(f"{sign} {getattr(rule, attr)}")
+    return ", ".join(said)
+
+
+Flags = dict[str, str | tuple[str, ...]]  # field -> its option (or the option and its aliases)
+
+
+def add_fields(parser: argparse.ArgumentParser, model: type[BaseModel], flags: Flags) -> None:
+    """One option per field named in `flags`: a bool a switch, a Literal
+    its choices; help is the field's description with its bounds and default."""
+    for name, flag in flags.items():
+        field = model.model_fields[name]
+        names = (flag,) if isinstance(flag, str) else flag
+        text = field.description or name.replace("_", " ")
+        if field.annotation is bool:
+            parser.add_argument(*names, dest=name, action="store_true", help=text)
+            continue
+        allowed = choices(field.annotation)
+        limits = bounds(model, name)
+        shown = "" if field.default is None else f"; default {field.default}"
+        parser.add_argument(
+            *names,
+            dest=name,
+            default=field.default,
+            choices=allowed,
+            help=f"{text}{f' ({limits})' if limits else ''}{shown}",
+        )
+
+
+def values(args: argparse.Namespace, flags: Flags) -> dict:
+    """The parsed options of the fields in `flags`, as keyword arguments for their model."""
+    return {name: getattr(args, name) for name in flags}
