@@ -37,13 +37,11 @@ from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.hardware import local_hardware
 from engine.machine import fingerprint
 from engine.policy import ChunkPolicy, FixedPolicy, RulePolicy
-from engine.predictor_client import AutoPolicy
+from engine.predictor_client import AutoPolicy, make_auto
 from engine.telemetry import Reporter, to_service
 from engine.workload import Workload
-from evaluation.auto import auto_for
 from evaluation.regret import Choices, Times, regret, regret_gap, timed
 from evaluation.rounds import time_sizes
 from predictor.model import load_predictor, past_outcomes
@@ -204,7 +202,7 @@ def main() -> None:
 
     engines = {m: Engine(EngineConfig(model=m)) for m in MODELS}
     threads = engines[MODELS[0]].runtime.threads
-    hardware = local_hardware("float32", threads)
+    hardware = engines[MODELS[0]].hardware()
     times = probe_times(engines, args.probe_rounds, machine, args.probe_times)
 
     def by(policy: ChunkPolicy) -> Choices:  # each probe asked as the engine asks it, timed
@@ -241,7 +239,7 @@ def main() -> None:
                 rows.append(row)
                 break
             reporter = Reporter(to_service(url), capacity=4096)
-            policy = auto_for(engines[MODELS[0]], service=url, timeout_s=0.5, reporter=reporter)
+            policy = make_auto(hardware, service=url, timeout_s=0.5, reporter=reporter)
             served = serve_workload(engines, policy, args.prefills, rng)
             policy.close()
             metrics = httpx.get(f"{url}/metrics").text

@@ -19,9 +19,9 @@ from preamble import model_and_rounds
 from chunkpilot.contract import AttentionConfig
 from cli.processes import free_port, start_service, wait_ready
 from engine.engine import Engine
+from engine.predictor_client import make_auto
 from engine.stream import stream
 from engine.workload import Workload
-from evaluation.auto import auto_for
 
 # the deployment's prompts: lengths that differ, windows on some (each a bucket of its own)
 PROMPTS = [
@@ -39,7 +39,7 @@ PROMPTS = [
 
 
 def run_once(engine: Engine, url: str, batch: list[Workload], overlap: bool) -> list:
-    policy = auto_for(engine, service=url, timeout_s=0.5)
+    policy = make_auto(engine.hardware(), service=url, timeout_s=0.5)
     try:
         return list(stream(engine, batch, policy, overlap))
     finally:

@@ -24,8 +24,8 @@ from chunkpilot.tracking import tracking_uri
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
+from engine.predictor_client import make_auto
 from engine.workload import Workload
-from evaluation.auto import auto_for
 from evaluation.comparison import evaluate, format_evaluation
 
 PROMPTS = {
@@ -53,7 +53,7 @@ def main() -> None:
     start = time.monotonic()
     for model in args.models.split(","):
         engine = Engine(EngineConfig(model=model))
-        auto = auto_for(engine, tracking=tracking_uri())
+        auto = make_auto(engine.hardware(), tracking=tracking_uri())
         policies = {
             "auto": auto,
             "fixed 1024": FixedPolicy(1024, capped=True),

@@ -18,14 +18,15 @@ import functools
 import numpy as np
 from preamble import model_and_rounds
 
-from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, uniform
+from chunkpilot.chunks import uniform
 from chunkpilot.contract import AttentionConfig
 from chunkpilot.tracking import tracking_uri
 from engine.engine import Engine
 from engine.measure import interleaved, median_ratio
-from engine.policy import ChunkPolicy, FixedPolicy, SchedulePolicy
+from engine.policy import ChunkPolicy, SchedulePolicy
+from engine.predictor_client import make_auto
 from engine.workload import Workload
-from evaluation.auto import auto_for
+from evaluation.rounds import time_sizes
 
 # (tokens, window, layout): with and without windows
 PROMPTS = [(4000, None, "shift"), (8000, None, "shift"), (6000, 1024, "shift"), (8000, 2048, "ring")]
@@ -48,16 +49,17 @@ def two_phase(n: int, best: int, limit: int) -> dict[str, tuple[int, ...]]:
 
 def main() -> None:
     args, engine = model_and_rounds(__doc__)
-    auto = auto_for(engine, tracking=tracking_uri(), schedule=True)
-    if auto.predictor.chunk_cost is None:
+    auto = make_auto(engine.hardware(), tracking=tracking_uri(), schedule=True)
+    if not auto.predictor.info["schedules"]:
         raise SystemExit("the champion has no per-chunk cost model: retrain on data with per-chunk times")
     rng = np.random.default_rng(0)
     rows = []
     for n, window, layout in PROMPTS:
         attention = AttentionConfig(window=window, layout=layout)
-        sizes, _ = feasible_chunks(DEFAULT_CHUNKS, n, window, layout)
-        run = functools.partial(ttft, engine, Workload(n, attention))
-        scan = interleaved({c: functools.partial(run, FixedPolicy(c)) for c in sizes}, 3)
+        workload = Workload(n, attention)
+        run = functools.partial(ttft, engine, workload)
+        scan = time_sizes(engine, workload, 3)  # every feasible size, interleaved
+        sizes = list(scan)
         best = min(sizes, key=lambda c: np.median(scan[c]))
         predicted = auto.decide(engine.request(n, attention)).schedule
         searches = two_phase(n, best, max(sizes))

@@ -143,12 +143,12 @@ def learn_with_service(model: str, url: str, workloads: list[Workload], passes: 
 
     from engine.config import EngineConfig
     from engine.engine import Engine
+    from engine.predictor_client import make_auto
     from engine.telemetry import Reporter, to_service
-    from evaluation.auto import auto_for
 
     engine = Engine(EngineConfig(model=model))
     reporter = Reporter(to_service(url), capacity=4096)
-    auto = auto_for(engine, service=url, timeout_s=0.5, reporter=reporter)
+    auto = make_auto(engine.hardware(), service=url, timeout_s=0.5, reporter=reporter)
     explored = 0
     try:
         for k in range(passes):
@@ -174,11 +174,11 @@ def compare_with_service(
     from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.policy import FixedPolicy, RulePolicy
-    from evaluation.auto import auto_for
+    from engine.predictor_client import make_auto
     from evaluation.comparison import evaluate, format_evaluation
 
     engine = Engine(EngineConfig(model=model))
-    auto = auto_for(engine, service=url)
+    auto = make_auto(engine.hardware(), service=url)
     policies = {
         "auto": auto,
         "fixed 1024": FixedPolicy(1024, capped=True),

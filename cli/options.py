@@ -107,8 +107,8 @@ def compare(args: argparse.Namespace) -> str:
 def auto_from_args(args: argparse.Namespace, engine):
     """The `auto` policy for this engine: over HTTP, or in-process with --in-process."""
     from chunkpilot.tracking import tracking_uri
+    from engine.predictor_client import make_auto
     from engine.telemetry import Reporter, to_partition, to_service
-    from evaluation.auto import auto_for
 
     timeout_ms = number("predictor_timeout_ms", args.predictor_timeout_ms, int, ge=1, le=60_000)
     if args.in_process:
@@ -116,10 +116,14 @@ def auto_from_args(args: argparse.Namespace, engine):
 
         directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY_DIR)
         reporter = None if args.no_telemetry else Reporter(to_partition(directory))
-        return auto_for(engine, tracking=tracking_uri(), reporter=reporter, schedule=args.schedule)
+        return make_auto(engine.hardware(), tracking=tracking_uri(), reporter=reporter, schedule=args.schedule)
     reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url, args.predictor_token))
-    return auto_for(
-        engine, service=args.predictor_url, timeout_s=timeout_ms / 1e3, reporter=reporter, schedule=args.schedule
+    return make_auto(
+        engine.hardware(),
+        service=args.predictor_url,
+        timeout_s=timeout_ms / 1e3,
+        reporter=reporter,
+        schedule=args.schedule,
     )
 
 

@@ -9,10 +9,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from chunkpilot.chunks import spread_positions, uniform
-from chunkpilot.contract import AttentionConfig, ConfigError, RequestFeatures, number
+from chunkpilot.contract import AttentionConfig, ConfigError, Hardware, RequestFeatures, number
 
 from . import runtime
 from .config import EngineConfig
+from .hardware import local_hardware
 from .kv_cache import ChunkCache
 from .measure import interleaved
 from .models import load_model
@@ -94,6 +95,11 @@ class Engine:
     @property
     def runtime(self) -> runtime.RuntimeInfo:
         return runtime.current()  # a profiling worker changes threads between configs
+
+    def hardware(self) -> Hardware:
+        """This machine at the engine's dtype, threads and device, as `auto` describes it to the service
+        (measured once into the per-user cache)."""
+        return local_hardware(self.config.dtype, self.runtime.threads, self.config.device)
 
     def text(self, workload: Workload) -> str:
         """The words to tokenize, made before the clock starts: a synthetic text is made once per
