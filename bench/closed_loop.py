@@ -33,6 +33,7 @@ from mlflow import MlflowClient
 
 from chunkpilot.chunks import simple_rule
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
+from chunkpilot.paths import SHIPPED_DIR
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
 from engine.config import EngineConfig
@@ -47,7 +48,6 @@ from evaluation.rounds import time_sizes
 from predictor.model import load_predictor, past_outcomes
 from training.train import format_result, train
 
-SHIPPED = Path("data/ttft/cpu-shipped")
 SHAPE_FILE = "data/shapes/wide-shallow.yaml"
 MODELS = ["llama-tiny", "qwen2-gqa", SHAPE_FILE]
 # (model, prompt): this deployment's kinds of prompt, none of them a profiled config; the workload
@@ -182,12 +182,12 @@ def main() -> None:
     machine = fingerprint()["hardware_id"]
     work = Path(tempfile.mkdtemp(prefix="chunkpilot-loop-"))
     data = work / "data"
-    for folder in SHIPPED.iterdir():  # the shipped data without this machine's rows
+    for folder in SHIPPED_DIR.iterdir():  # the shipped data without this machine's rows
         if folder.name != machine:
             shutil.copytree(folder, data / "shipped" / folder.name)
     print(
         f"machine {machine}; champion trained on {', '.join(p.name for p in (data / 'shipped').iterdir())}; "
-        f"reference on all of {SHIPPED}; work in {work}",
+        f"reference on all of {SHIPPED_DIR}; work in {work}",
         flush=True,
     )
     (work / "store").mkdir()
@@ -196,8 +196,8 @@ def main() -> None:
     train_into(work / "store", data, table=True)
     store_uri = f"sqlite:///{work / 'store' / 'mlflow.db'}"
     reference_uri = store_uri  # this machine has no shipped rows: the reference is the champion
-    if (SHIPPED / machine).is_dir():
-        train_into(work / "reference", SHIPPED.resolve())
+    if (SHIPPED_DIR / machine).is_dir():
+        train_into(work / "reference", SHIPPED_DIR.resolve())
         reference_uri = f"sqlite:///{work / 'reference' / 'mlflow.db'}"
 
     engines = {m: Engine(EngineConfig(model=m)) for m in MODELS}

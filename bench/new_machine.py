@@ -14,6 +14,7 @@ import argparse
 import copy
 from pathlib import Path
 
+from chunkpilot.paths import SHIPPED_DIR
 from chunkpilot.recipe import RECIPES
 from training.baselines import FixedChunk, HandRule, RankLevel
 from training.data import load_table
@@ -23,7 +24,7 @@ from training.served import served_fit
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("data/ttft/cpu-shipped"))
+    parser.add_argument("--data", type=Path, default=SHIPPED_DIR)
     parser.add_argument("--machine", help="the machine held out (default: the one with the newest rows)")
     parser.add_argument("--minutes", type=float, default=5.0, help="the short profile's budget")
     args = parser.parse_args()

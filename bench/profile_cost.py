@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkpilot.paths import SHIPPED_DIR, SPECS_DIR
 from chunkpilot.recipe import DEFAULT
 from profiler.plan import space_filling_order
 from profiler.spec import Spec
@@ -47,11 +48,11 @@ def evaluate(policy, train: Table | None, test: Table) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", type=Path, default=Path("data/specs/cpu-shipped.yaml"))
+    parser.add_argument("--spec", type=Path, default=SPECS_DIR / "cpu-shipped.yaml")
     parser.add_argument(
         "--data",
         type=Path,
-        default=Path("data/ttft/cpu-shipped/664de6bcf2e9"),
+        default=SHIPPED_DIR / "664de6bcf2e9",
         help="one machine's files of the spec (default: the first shipped machine's)",
     )
     parser.add_argument("--budgets", default="5,15,30,60", help="minutes of profiling, comma-separated")

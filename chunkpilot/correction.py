@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .contract import SHAPE_COLUMNS
+from .contract import SHAPE_COLUMNS, RequestFeatures
 from .features import FEATURES, RUNTIME
 
 PRIOR = 2.0
@@ -63,6 +63,12 @@ def quarter_octave(tokens: ArrayLike) -> np.ndarray:
     """A quarter octave of tokens, elementwise (0 for none: a window of 0 is no window): lengths this
     close are alike, to the correction and to exploring (predictor.explore: one kind of request)."""
     return np.round(4 * np.log2(np.maximum(tokens, 1))).astype(int)
+
+
+def neighbourhood(request: RequestFeatures) -> str:
+    """Its kind and the quarter octave of its length, as a key: the requests exploring counts as one
+    (predictor.explore), whose measured sizes teach each other."""
+    return f"{int(quarter_octave(request.context_length))}|{request.kind()}"
 
 
 @dataclass(frozen=True)

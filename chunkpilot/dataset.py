@@ -43,7 +43,6 @@ from chunkpilot.paths import inside
 HARNESS_VERSION = "4"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`; older files read
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
-TELEMETRY_DIR = Path("data/ttft/telemetry")  # the default partition of the engine's own prefills
 TELEMETRY_PREFIX = "telemetry-"  # their config keys
 
 _int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()

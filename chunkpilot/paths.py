@@ -1,6 +1,7 @@
-"""Paths built from what a client or a tracking server said (a machine's id, a spec's name, a
-partition's name): each part must be one identifier (chunkpilot.contract.IDENTIFIER), and the
-joined path, resolved, must stay inside its root. Anything else is refused, never written."""
+"""Where the project's data lies by default (relative to the working directory), and paths built
+from what a client or a tracking server said (a machine's id, a spec's name, a partition's name):
+each part must be one identifier (chunkpilot.contract.IDENTIFIER), and the joined path, resolved,
+must stay inside its root. Anything else is refused, never written."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import re
 from pathlib import Path
 
 from .contract import IDENTIFIER, ConfigError
+
+DATA_ROOT = Path("data/ttft")  # the dataset root: a folder per source (spec or partition), one per machine
+TELEMETRY_DIR = DATA_ROOT / "telemetry"  # the default partition of the engine's own prefills
+SHIPPED_DIR = DATA_ROOT / "cpu-shipped"  # the profiles that come with the project
+SPECS_DIR = Path("data/specs")  # the profiling specs
 
 _IDENTIFIER = re.compile(IDENTIFIER)
 

@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 from chunkpilot.contract import AttentionConfig, number
+from chunkpilot.paths import DATA_ROOT, SPECS_DIR
 from engine.workload import Workload
+from predictor.settings import Settings
 
+from .fields import add_fields, build, values
 from .processes import free_port, start_service, wait_ready
 
 HELP = "the main job: profile briefly, train, serve, learn from prefills, compare auto vs fixed 1024 vs the hand rule"
@@ -42,10 +45,13 @@ PROMPTS = [
 ]
 
 
+SERVICE_FLAGS = {"explore_budget": ("--explore-budget", "--explore")}  # the learning phase's service
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile-minutes", default="2", help="budget of the profile of this machine")
-    parser.add_argument("--spec", type=Path, default=Path("data/specs/demo.yaml"))
-    parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="profiled data to train on")
+    parser.add_argument("--spec", type=Path, default=SPECS_DIR / "demo.yaml")
+    parser.add_argument("--data", type=Path, default=DATA_ROOT, help="profiled data to train on")
     parser.add_argument("--model", default="llama-tiny", help="the engine's model for the comparison")
     parser.add_argument(
         "--max-rounds", default="40", help="most measuring rounds of the comparison (at least 5 unless fewer)"
@@ -53,7 +59,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--minutes", default="9.5", help="the demo's time budget: the comparison adds rounds while they fit in it"
     )
-    parser.add_argument("--explore", default="0.01", help="share of served TTFT the learning phase may explore")
+    add_fields(parser, Settings, SERVICE_FLAGS)
 
 
 STEPS = 6
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)
     max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=200)
     budget = number("minutes", args.minutes, float, gt=0, le=120)
-    explore = number("explore", args.explore, float, ge=0, le=0.5)
+    explore = build(Settings, **values(args, SERVICE_FLAGS)).explore_budget
     start = time.monotonic()
     spec = Spec.from_file(args.spec)
     _step(1, f"profiling this machine for up to {minutes:g} min ({args.spec}), beside the shipped data", start)

@@ -4,7 +4,6 @@ once here for `prefill`, `prefill --prompts` and the demo."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from chunkpilot.contract import AttentionConfig, ConfigError, number
@@ -65,7 +64,7 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
         "--telemetry-dir",
         type=Path,
         help="auto --in-process: the local partition of the outcomes "
-        "(default: $CHUNKPILOT_TELEMETRY_DIR, else data/ttft/telemetry, as the service)",
+        "(default: the service's, $CHUNKPILOT_TELEMETRY_DIR or data/ttft/telemetry)",
     )
 
 
@@ -112,9 +111,9 @@ def auto_from_args(args: argparse.Namespace, engine):
 
     timeout_ms = number("predictor_timeout_ms", args.predictor_timeout_ms, int, ge=1, le=60_000)
     if args.in_process:
-        from chunkpilot.dataset import TELEMETRY_DIR
+        from predictor.settings import Settings
 
-        directory = args.telemetry_dir or Path(os.environ.get("CHUNKPILOT_TELEMETRY_DIR") or TELEMETRY_DIR)
+        directory = args.telemetry_dir or Settings().telemetry_dir
         reporter = None if args.no_telemetry else Reporter(to_partition(directory))
         return make_auto(engine.hardware(), tracking=tracking_uri(), reporter=reporter, schedule=args.schedule)
     reporter = None if args.no_telemetry else Reporter(to_service(args.predictor_url, args.predictor_token))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from chunkpilot.contract import number
+from chunkpilot.paths import DATA_ROOT
 
 if TYPE_CHECKING:
     from chunkpilot.fleet import Publisher
@@ -21,7 +22,7 @@ HELP = "measure TTFT for every chunk size over a spec's configs (resumable)"
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="YAML spec (see data/specs/)")
-    parser.add_argument("--out", type=Path, default=Path("data/ttft"), help="dataset root (default data/ttft)")
+    parser.add_argument("--out", type=Path, default=DATA_ROOT, help=f"dataset root (default {DATA_ROOT})")
     parser.add_argument("--budget-minutes", help="space-filling subset that fits this many minutes")
     parser.add_argument(
         "--check-repro", action="store_true", help="re-measure a sample of finished configs in a fresh process"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from chunkpilot.contract import number
+from chunkpilot.paths import DATA_ROOT
 
 from .options import add_training_args, compare, lgbm_params
 
@@ -18,7 +19,7 @@ HELP = "retrain on the shipped data, profiles and telemetry, and promote through
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="dataset root (telemetry included)")
+    parser.add_argument("--data", type=Path, default=DATA_ROOT, help="dataset root (telemetry included)")
     parser.add_argument("--experiment", default="chunk-size", help="MLflow experiment")
     parser.add_argument("--every", help="minutes between retrains (default: retrain once)")
     parser.add_argument(

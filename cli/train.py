@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from chunkpilot.contract import ConfigError, number
+from chunkpilot.paths import DATA_ROOT
 
 from .options import add_training_args, compare, lgbm_params
 
@@ -13,7 +14,7 @@ HELP = "train the chunk-size model, log it and its baselines to MLflow, register
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", type=Path, default=Path("data/ttft"), help="dataset root (default data/ttft)")
+    parser.add_argument("--data", type=Path, default=DATA_ROOT, help=f"dataset root (default {DATA_ROOT})")
     parser.add_argument(
         "--from-tracking",
         action="store_true",

@@ -39,7 +39,7 @@ class Explorer:
 
     def answer(self, held: Answer, n: int, shadow: int | None = None, key: str = "") -> ChunkResponse:
         """`held`'s response for a prompt of `n` tokens, or another candidate marked explored; `shadow` is the
-        waiting challenger's choice, `key` the kind of request."""
+        waiting challenger's choice, `key` its neighbourhood (correction.neighbourhood)."""
 
         def size(g: Gain) -> int:
             return n if g.chunk_size == "full" else g.chunk_size

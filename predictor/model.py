@@ -25,14 +25,10 @@ from chunkpilot.recipe import Recipe, load_recipe
 
 from .answer import Answer, Gain
 from .schedule import best_schedule
+from .settings import BUDGET
 from .table import DecisionTable
 
 TOP = 5  # candidates returned with their predictions
-# a decision on the request path may cost at most this share of the TTFT it decides (by the analytic
-# estimate of the rule's size): a small share of the points the recipe's held-out regret lies below
-# the hand rule's (docs/training.md), so spending it keeps most of that saving; a cell not worth it
-# is answered by the rule while the table builds it
-BUDGET = 0.01
 TABLE_ENV = "CHUNKPILOT_DECISION_TABLE"  # "0": no decision tables (the tests' servers)
 # the members share their training data and its biases, so their spread understates how wrong a
 # predicted gap can be (the held-out TTFT error of docs/training.md): exploring weighs a gap with at

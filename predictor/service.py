@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from chunkpilot import plausibility, registry
 from chunkpilot.chunks import DEFAULT_CHUNKS
 from chunkpilot.contract import AttentionConfig, ChunkRequest, ChunkResponse, ConfigError, Hardware, ModelShape, Outcome
-from chunkpilot.correction import quarter_octave
+from chunkpilot.correction import neighbourhood
 from chunkpilot.dataset import Partition
 from chunkpilot.fleet import SPEC_TAG, TELEMETRY_EXPERIMENT, Publisher
 from chunkpilot.registry import CHALLENGER
@@ -176,8 +176,7 @@ class ServiceState:
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
             answer = pick.response
         else:
-            similar = f"{int(quarter_octave(request.context_length))}|{request.kind()}"
-            answer = self.explorer.answer(pick, request.context_length, shadow, similar)  # a quarter octave alike
+            answer = self.explorer.answer(pick, request.context_length, shadow, neighbourhood(request))
         if answer.explored:
             self.metrics.explored.inc()
         self.metrics.decisions.labels(size_label(answer.chunk_size, request.context_length), answer.source).inc()

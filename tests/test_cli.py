@@ -190,3 +190,26 @@ def test_the_engine_options_are_the_engine_config_s_fields(capsys):
         main(["prefill", "--help"])
     shown = capsys.readouterr().out
     assert "(>= 1, <= 1024)" in shown and "{sdpa,eager}" in shown and "default mistral-44m" in shown
+
+
+def test_the_serve_options_are_the_service_settings_and_given_ones_win_over_the_environment(monkeypatch, capsys):
+    """Every setting but the secret and the list is a `serve` option; one not given is left to
+    CHUNKPILOT_* and the default, and a bad one is refused naming the field before anything starts."""
+    from cli import build_parser
+    from cli.fields import build, values
+    from cli.serve import ENV_ONLY, FLAGS
+    from predictor.settings import Settings
+
+    assert set(FLAGS) | set(ENV_ONLY) == set(Settings.model_fields)
+    monkeypatch.setenv("CHUNKPILOT_POLL_INTERVAL_S", "7")
+    monkeypatch.setenv("CHUNKPILOT_EXPLORE_BUDGET", "0.3")
+    args = build_parser().parse_args(["serve", "--explore-budget", "0.2", "--publish-telemetry"])
+    settings = build(Settings, **values(args, FLAGS))
+    assert (settings.explore_budget, settings.poll_interval_s, settings.publish_telemetry) == (0.2, 7.0, True)
+    assert settings.host == Settings.model_fields["host"].default
+    assert main(["serve", "--decision-budget", "2"]) == 2
+    assert "decision_budget" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    shown = capsys.readouterr().out
+    assert "(>= 0, <= 0.5)" in shown and "$CHUNKPILOT_EXPLORE_BUDGET, else 0.01" in shown
