@@ -10,7 +10,7 @@ STAMP := $(VENV)/.chunkpilot-installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,llama]'
 	touch $(STAMP)
 
 demo: $(STAMP)

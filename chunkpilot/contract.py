@@ -24,7 +24,9 @@ Family = Literal["llama", "mistral", "qwen2", "gemma3"]
 Layout = Literal["shift", "ring"]
 Dtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["sdpa", "eager"]
-FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl))
+# what runs the prefill: the bundled engine, stock transformers generate(), a llama.cpp context
+Backend = Literal["chunkpilot", "transformers", "llama.cpp"]
+FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS, BACKENDS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl, Backend))
 NO_WINDOW = "none"  # the dataset's and the spec's layout without a window (the contract's is window=None)
 MAX_CANDIDATES = 64
 MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
@@ -256,6 +258,7 @@ class RequestFeatures(Contract):
     dtype: Dtype = "float32"
     threads: int = Field(default=1, ge=1, le=1024)
     attn_impl: AttnImpl = "sdpa"
+    backend: Backend = Field(default="chunkpilot", description="what runs the prefill: " + ", ".join(BACKENDS))
 
     @model_validator(mode="after")
     def _known_preset(self) -> RequestFeatures:
@@ -296,6 +299,7 @@ class RequestFeatures(Contract):
             "dtype": self.dtype,
             "threads": self.threads,
             "attn_impl": self.attn_impl,
+            "backend": self.backend,
             **{name: hardware.get(name) or 0 for name in DESCRIPTORS},
         }
 
@@ -330,6 +334,7 @@ class ChunkRequest(RequestFeatures):
             dtype=row["dtype"],
             threads=row["threads"],
             attn_impl=row["attn_impl"],
+            backend=row.get("backend") or "chunkpilot",
             hardware=Hardware(hardware_id=row.get("hardware_id"), **{name: row[name] for name in DESCRIPTORS}),
         )
 
@@ -345,7 +350,8 @@ class Outcome(Contract):
     explored: bool = False  # the service answered a candidate other than its argmin
     tokenize_ms: float = Field(ge=0, le=MAX_MS)
     prefill_ms: float = Field(gt=0, le=MAX_MS)
-    first_decode_ms: float = Field(gt=0, le=MAX_MS)
+    # 0 where the first token comes from the prefill itself (stock generate with max_new_tokens=1)
+    first_decode_ms: float = Field(ge=0, le=MAX_MS)
     ttft_ms: float = Field(gt=0, le=MAX_MS)
     chunk_ms: list[Annotated[float, Field(gt=0, le=MAX_MS)]] = Field(min_length=1, max_length=MAX_CONTEXT)
     finished_at: datetime

@@ -26,6 +26,7 @@ from chunkpilot import plausibility
 from chunkpilot.chunks import last_chunk
 from chunkpilot.contract import (
     ATTN_IMPLS,
+    BACKENDS,
     DTYPES,
     LAYOUTS,
     NO_WINDOW,
@@ -40,7 +41,9 @@ from chunkpilot.contract import (
 )
 from chunkpilot.paths import inside
 
-HARNESS_VERSION = "4"  # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`; older files read
+# 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
+# version; older files read
+HARNESS_VERSION = "5"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
 TELEMETRY_PREFIX = "telemetry-"  # their config keys
@@ -55,7 +58,7 @@ SCHEMA = pa.schema(
         ("head_dim", _int), ("intermediate_size", _int), ("vocab_size", _int), ("global_every", _int),
         ("parameters", _int), ("tie_embeddings", _bool), ("context_length", _int), ("window", _int),
         ("layout", _str), ("sinks", _int), ("global_tokens", _int), ("dtype", _str), ("threads", _int),
-        ("attn_impl", _str),
+        ("attn_impl", _str), ("backend", _str), ("backend_version", _str),
         # the hardware it ran on
         ("hardware_id", _str), ("device_kind", _str), ("device_name", _str), ("cores", _int),
         ("l2_cache_bytes", _int), ("l3_cache_bytes", _int), ("memory_bytes", _int),
@@ -80,8 +83,9 @@ COLUMNS = SCHEMA.names
 LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset schemas hold scalars only
 # columns older files (and the profiler's, for the telemetry ones) lack, and what such a row reads as
 OPTIONAL = {
-    **dict.fromkeys(("chunk_ms", "tie_embeddings", "decision_source", "model_version", "explored")),
+    **dict.fromkeys(("chunk_ms", "tie_embeddings", "backend_version", "decision_source", "model_version", "explored")),
     "global_tokens": 0,
+    "backend": "chunkpilot",
 }
 # (column, lowest allowed, strictly above it?, highest allowed or None) for the numeric checks: the
 # contract's own bounds where a column is a field of a request, its machine or its outcome
@@ -112,7 +116,7 @@ def _bounds() -> dict[str, tuple[float, bool, float | None]]:
 
 _BOUNDS = _bounds()
 # the contract's names (a row's layout is `none` without a window)
-_CHOICES = {"layout": (NO_WINDOW, *LAYOUTS), "dtype": DTYPES, "attn_impl": ATTN_IMPLS}
+_CHOICES = {"layout": (NO_WINDOW, *LAYOUTS), "dtype": DTYPES, "attn_impl": ATTN_IMPLS, "backend": BACKENDS}
 
 
 class DataError(ConfigError):
@@ -135,8 +139,10 @@ def validate(df: pd.DataFrame, where: str) -> None:
             if high is not None and v > high:
                 raise DataError(column, f"{where} row {i}: must be <= {high}, got {v!r}")
         for column, allowed in _CHOICES.items():
-            if values[column] not in allowed:
-                raise DataError(column, f"{where} row {i}: must be one of {', '.join(allowed)}, got {values[column]!r}")
+            if values.get(column, OPTIONAL.get(column)) not in allowed:
+                raise DataError(
+                    column, f"{where} row {i}: must be one of {', '.join(allowed)}, got {values.get(column)!r}"
+                )
         n, chunk = values["context_length"], values["chunk_size"]
         if chunk > n or values["num_chunks"] != math.ceil(n / chunk):
             raise DataError(

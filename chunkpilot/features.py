@@ -21,15 +21,25 @@ Num = float | np.ndarray  # a column, or one value shared by every row
 INPUT_COLUMNS = (
     "context_length", "chunk_size", "window", "layout", "sinks", "global_tokens", "global_every",
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
-    "parameters", "dtype", "threads", "attn_impl",
+    "parameters", "dtype", "threads", "attn_impl", "backend",
     "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes",
 )
 # fmt: on
 LAYOUT_CODES = {NO_WINDOW: 0, "shift": 1, "ring": 2}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ATTN_CODES = {"sdpa": 0, "eager": 1}
+BACKEND_CODES = {"chunkpilot": 0, "transformers": 1, "llama.cpp": 2}
 # how a model runs and on what: the features that, with the shape, make a kind of request
-RUNTIME = ("dtype_bytes", "attn_impl", "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores")
+RUNTIME = (
+    "backend",
+    "dtype_bytes",
+    "attn_impl",
+    "threads",
+    "matmul_gflops",
+    "bandwidth_gbs",
+    "call_overhead_ms",
+    "cores",
+)
 
 # fmt: off
 FEATURES = (
@@ -38,7 +48,7 @@ FEATURES = (
     "window", "has_window", "layout", "sinks", "global_tokens", "local_fraction",
     # the model
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
-    "parameters", "dtype_bytes", "attn_impl",
+    "parameters", "dtype_bytes", "attn_impl", "backend",
     # the hardware
     "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_mib", "l3_cache_mib",
     # analytic terms
@@ -101,7 +111,9 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     """[rows, len(FEATURES)] float64 from columns named in INPUT_COLUMNS (window 0: none), one row
     per chunk size. Any other column may be a scalar shared by every row: the service passes one
     config and its candidate chunk sizes."""
-    f = {name: _numbers(rows[name]) for name in INPUT_COLUMNS if name not in ("layout", "dtype", "attn_impl")}
+    f = {
+        name: _numbers(rows[name]) for name in INPUT_COLUMNS if name not in ("layout", "dtype", "attn_impl", "backend")
+    }
     n, c = f["context_length"], np.minimum(np.atleast_1d(f["chunk_size"]), f["context_length"])  # [rows]
     layers, heads, kv, hd = f["num_layers"], f["num_heads"], f["num_kv_heads"], f["head_dim"]
     dtype_bytes = _codes(rows["dtype"], DTYPE_BYTES)
@@ -132,6 +144,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
         "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
         "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
         "dtype_bytes": dtype_bytes, "attn_impl": _codes(rows["attn_impl"], ATTN_CODES),
+        "backend": _codes(rows["backend"], BACKEND_CODES),
         "threads": f["threads"], "matmul_gflops": gflops, "bandwidth_gbs": f["bandwidth_gbs"],
         "call_overhead_ms": f["call_overhead_ms"], "cores": f["cores"],
         "l2_cache_mib": f["l2_cache_bytes"] / 2**20, "l3_cache_mib": f["l3_cache_bytes"] / 2**20,

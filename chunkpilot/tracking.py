@@ -51,6 +51,22 @@ def ensure_experiment(name: str, uri: str | None = None) -> str:
     return experiment.experiment_id
 
 
+def log_input(dataset, context: str, attempts: int = 3) -> None:
+    """`mlflow.log_input` on the active run. The SQL store checks for the dataset, then inserts it:
+    two processes logging the same new dataset at once (two retrains) collide on its unique key,
+    and the loser's retry finds it there and only links it to its run."""
+    import mlflow
+    from mlflow import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            mlflow.log_input(dataset, context=context)
+            return
+        except MlflowException as exc:
+            if "unique constraint" not in str(exc).lower() or attempt == attempts - 1:
+                raise
+
+
 def use_experiment(name: str) -> str:
     """Point mlflow at the store and select (creating if needed) the experiment; returns its id."""
     import mlflow

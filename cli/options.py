@@ -20,6 +20,7 @@ ENGINE_FLAGS = {
     "device": "--device",
     "seed": "--seed",
     "compile": "--compile",
+    "backend": "--backend",
 }
 ATTENTION_FLAGS = {"layout": "--kv-layout", "sinks": "--sinks"}  # --window: the model's own by default
 

@@ -65,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
     text = read_prompt(args)
     length = None if args.context_length is None else number("context_length", args.context_length, int, ge=1)
 
-    from engine.engine import Engine
+    from engine.backends import open_engine
     from engine.workload import Workload
 
     config = engine_config(args)
-    engine = Engine(config)
+    engine = open_engine(config)
     policy = policy or auto_from_args(args, engine)
     workload = Workload(length, attention_config(args, engine.shape.window), globals_, text)
     try:
@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             "dtype": config.dtype,
             "attn_impl": config.attn_impl,
             "compile": config.compile,
+            "backend": config.backend,
             "policy": args.chunk_size,
         },
         "runtime": engine.runtime.to_dict(),
@@ -124,7 +125,7 @@ def format_report(report: dict) -> str:
     chunks = f"schedule {','.join(map(str, schedule))}" if schedule else f"chunk {report['chunk_size']}"
     lines = [
         f"model     {cfg['model']} ({cfg['family']}, {cfg['parameters'] / 1e6:.1f}M params) {cfg['dtype']} "
-        f"attn={cfg['attn_impl']} on {rt['device']}, {rt['threads']} threads",
+        f"attn={cfg['attn_impl']} on {rt['device']}, {rt['threads']} threads, backend {cfg['backend']}",
         f"window    {window}",
         f"prompt    {report['context_length']} tokens, {chunks} ({report['decision']['source']}) "
         f"-> {report['num_chunks']} chunks",
@@ -143,5 +144,5 @@ def format_report(report: dict) -> str:
         )
     chunk_ms = report["repeats"][-1]["chunk_ms"]
     shown = " ".join(f"{ms:.0f}" for ms in chunk_ms[:12]) + (" ..." if len(chunk_ms) > 12 else "")
-    lines.append(f"chunks (last repeat, ms): {shown}")
+    lines.append(f"chunks (last repeat, ms): {shown or 'not shown by this backend'}")
     return "\n".join(lines)

@@ -54,11 +54,11 @@ def read_lines(path: Path) -> list[StreamLine]:
 def run_stream(args: argparse.Namespace, policy) -> int:
     lines = read_lines(args.prompts)
 
-    from engine.engine import Engine
+    from engine.backends import open_engine
     from engine.stream import stream
     from engine.workload import Workload
 
-    engine = Engine(engine_config(args))
+    engine = open_engine(engine_config(args))
     policy = policy or auto_from_args(args, engine)
     attention = attention_config(args, engine.shape.window)
     globals_ = global_tokens(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from chunkpilot.contract import AttnImpl, ConfigError, Contract, Dtype
+from chunkpilot.contract import AttnImpl, Backend, ConfigError, Contract, Dtype
 
 
 class EngineConfig(Contract):
@@ -16,6 +16,11 @@ class EngineConfig(Contract):
     device: str = Field(default="cpu", description="cpu or cuda")
     seed: int = Field(default=0, ge=0, description="seed of random weights (presets and shape files)")
     compile: bool = Field(default=False, description="torch.compile the model (dynamic shapes; the warm-up compiles)")
+    backend: Backend = Field(
+        default="chunkpilot",
+        description="what runs the prefill: chunkpilot (this engine), transformers (stock generate), "
+        "llama.cpp (a llama_cpp.Llama context on the same weights, written to GGUF)",
+    )
 
     @model_validator(mode="after")
     def _device_present(self) -> EngineConfig:

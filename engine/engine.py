@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 
 from chunkpilot.chunks import spread_positions, uniform
-from chunkpilot.contract import AttentionConfig, ConfigError, Hardware, RequestFeatures, number
+from chunkpilot.contract import AttentionConfig, Backend, ConfigError, Hardware, RequestFeatures, number
 
 from . import runtime
 from .config import EngineConfig
@@ -33,6 +35,18 @@ class Prepared:
     tokenize_ms: float
     decision_ms: float
     global_positions: list[int]  # tokens every later query sees besides the window
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """What a backend's prefill and first token gave: the part of a request each backend does its own way."""
+
+    first_token: int
+    first_logits: torch.Tensor  # [V]
+    chunk_ms: list[float]  # each chunk's ms, where the backend shows its chunks (else empty)
+    prefill_ms: float
+    first_decode_ms: float
+    kv_cache_bytes: int
 
 
 @dataclass
@@ -79,7 +93,16 @@ class Measurement:
 
 
 class Engine:
+    """The bundled engine; engine.backends holds the others (they load the same model and tokenizer,
+    and replace only the prefill). Build one for a config with engine.backends.open_engine."""
+
+    backend: ClassVar[Backend] = "chunkpilot"
+
     def __init__(self, config: EngineConfig) -> None:
+        if config.backend != self.backend:
+            raise ConfigError(
+                "backend", f"{type(self).__name__} runs {self.backend}: open {config.backend} with open_engine"
+            )
         self.config = config
         runtime.configure(config.threads, config.device)
         self.device = torch.device(config.device)
@@ -91,6 +114,11 @@ class Engine:
         self.tokenizer = load_tokenizer(self.loaded.checkpoint, self.shape.vocab_size)
         # a few lengths and seeds at a time: the comparison's prompts, a stream's, a profiled config's
         self._synthetic = functools.lru_cache(maxsize=64)(functools.partial(synthetic_text, self.tokenizer))
+
+    @property
+    def backend_version(self) -> str | None:
+        """The backend's own version, where it is not this engine's (the dataset's harness_version)."""
+        return None
 
     @property
     def runtime(self) -> runtime.RuntimeInfo:
@@ -117,7 +145,13 @@ class Engine:
     def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
         """What the policy is asked about a prompt of this length and attention on this engine."""
         return RequestFeatures(
-            context_length, self.shape, attention, self.config.dtype, self.runtime.threads, self.config.attn_impl
+            context_length,
+            self.shape,
+            attention,
+            self.config.dtype,
+            self.runtime.threads,
+            self.config.attn_impl,
+            self.backend,
         )
 
     def run(self, workload: Workload, policy: ChunkPolicy) -> TTFTResult:
@@ -144,42 +178,47 @@ class Engine:
         decision = policy.decide(request)
         return Prepared(tensor, request, decision, t1 - t0, clock_ms(self.device) - t1, positions)
 
-    @torch.inference_mode()
     def execute(self, prepared: Prepared, policy: ChunkPolicy, started: float) -> TTFTResult:
-        """Prefill in chunks and the first decode step; TTFT counts from `started` (clock_ms), the
-        moment the request's turn began, so preparation done before it is not counted."""
+        """Prefill in chunks and the first token; TTFT counts from `started` (clock_ms), the moment
+        the request's turn began, so preparation done before it is not counted."""
         runtime.reset_peak_memory(self.device)
-        ids, request, decision = prepared.ids, prepared.request, prepared.decision
+        request, decision = prepared.request, prepared.decision
         n = request.context_length
         chunks = decision.schedule or uniform(n, min(decision.chunk_size, n))
         request.attention.check_schedule(chunks, n)
-        t2 = clock_ms(self.device)
-        cache = ChunkCache(self.shape.local_layers, request.attention, prepared.global_positions)
-        logits, chunk_ms = prefill(self.model, cache, ids, chunks, self.config.attn_impl)
-        first = logits.argmax(-1)  # [1]
-        t3 = clock_ms(self.device)
-        decode_one_token(self.model, cache, first, n, self.config.attn_impl)
-        t4 = clock_ms(self.device)
+        done = self.to_first_token(prepared, chunks)
         result = TTFTResult(
             context_length=n,
             chunk_size=chunks[0],
             schedule=list(decision.schedule) if decision.schedule else None,
             global_tokens=len(prepared.global_positions),
-            num_chunks=len(chunk_ms),
+            num_chunks=len(chunks),
             decision=decision,
-            first_token=int(first),
+            first_token=done.first_token,
             tokenize_ms=prepared.tokenize_ms,
             decision_ms=prepared.decision_ms,
-            prefill_ms=t3 - t2,
-            first_decode_ms=t4 - t3,
-            ttft_ms=t4 - started,
-            chunk_ms=chunk_ms,
-            kv_cache_bytes=cache.nbytes,
+            prefill_ms=done.prefill_ms,
+            first_decode_ms=done.first_decode_ms,
+            ttft_ms=clock_ms(self.device) - started,
+            chunk_ms=done.chunk_ms,
+            kv_cache_bytes=done.kv_cache_bytes,
             peak_memory_bytes=runtime.peak_memory_bytes(self.device),
-            first_logits=logits[0].float(),
+            first_logits=done.first_logits,
         )
         policy.observe(request, result)  # a learning policy hears how its choice went (after the clock)
         return result
+
+    @torch.inference_mode()
+    def to_first_token(self, prepared: Prepared, chunks: Sequence[int]) -> Prefilled:
+        """The bundled engine's: its own loop over its own KV cache, then the first decode step."""
+        t2 = clock_ms(self.device)
+        cache = ChunkCache(self.shape.local_layers, prepared.request.attention, prepared.global_positions)
+        logits, chunk_ms = prefill(self.model, cache, prepared.ids, chunks, self.config.attn_impl)
+        first = logits.argmax(-1)  # [1]
+        t3 = clock_ms(self.device)
+        decode_one_token(self.model, cache, first, prepared.request.context_length, self.config.attn_impl)
+        t4 = clock_ms(self.device)
+        return Prefilled(int(first), logits[0].float(), chunk_ms, t3 - t2, t4 - t3, cache.nbytes)
 
     def measure(self, workload: Workload, policy: ChunkPolicy, repeats: int = 3, warmup: int = 1) -> Measurement:
         number("repeats", repeats, int, ge=1, le=1000)

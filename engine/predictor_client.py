@@ -137,7 +137,9 @@ class Observing(ChunkPolicy):
     reporter: Reporter | None
 
     def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
-        if self.reporter is not None and result.schedule is None:  # the dataset's rows are one size each
+        # the dataset's rows are one size each; the service checks an outcome by its chunks' times, so
+        # a backend that shows none (stock generate) reports nothing
+        if self.reporter is not None and result.schedule is None and result.chunk_ms:
             self.reporter.report(outcome(ask(request, self.hardware), result))
 
     def close(self) -> None:
@@ -244,7 +246,7 @@ class InProcessPolicy(Observing):
     def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
         """Reported as telemetry (if a reporter is set), and learnt by the loaded recipe's correction at once."""
         super().observe(request, result)
-        if result.schedule is None:
+        if result.schedule is None and result.chunk_ms:
             try:
                 reported = Outcome.model_validate(outcome(ask(request, self.hardware), result))
                 self.predictor.learn([self.predictor.check(reported)])

@@ -12,6 +12,7 @@ import pandas as pd
 from chunkpilot.chunks import chunk_count, last_chunk
 from chunkpilot.dataset import HARNESS_VERSION
 from engine import runtime
+from engine.backends import open_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.measure import interleaved, spread
@@ -21,19 +22,26 @@ from .spec import ProfileConfig, Spec
 
 
 class EnginePool:
-    """Engines by (model, dtype, attn_impl), the last few kept: loading a model costs seconds."""
+    """Engines by (model, dtype, attn_impl, backend), the last few kept: loading a model costs seconds."""
 
     def __init__(self, device: str = "cpu", keep: int = 2) -> None:
         self.device, self.keep = device, keep
         self.engines: dict[tuple, Engine] = {}
 
     def get(self, config: ProfileConfig) -> Engine:
-        key = (config.model, config.dtype, config.attn_impl)
+        key = (config.model, config.dtype, config.attn_impl, config.backend)
         if key not in self.engines:
             while len(self.engines) >= self.keep:
                 self.engines.pop(next(iter(self.engines)))
-            self.engines[key] = Engine(
-                EngineConfig(config.model, config.dtype, config.threads, config.attn_impl, self.device)
+            self.engines[key] = open_engine(
+                EngineConfig(
+                    model=config.model,
+                    dtype=config.dtype,
+                    threads=config.threads,
+                    attn_impl=config.attn_impl,
+                    device=self.device,
+                    backend=config.backend,
+                )
             )
         runtime.configure(config.threads, self.device)
         self.engines[key] = self.engines.pop(key)  # most recently used last
@@ -74,6 +82,7 @@ def measure_config(
         **hardware,
         **engine.request(n, attention).row(hardware),
         "allocator": engine.runtime.allocator,
+        "backend_version": engine.backend_version,
         "noisy": cv > spec.cv_threshold,
         "remeasured": remeasured,
         "started_at": started,
@@ -102,7 +111,9 @@ def measure_config(
                 "ttft_repeats_ms": ttft,
                 "prefill_repeats_ms": [r.prefill_ms for r in results],
                 # chunk i runs after i * c tokens of history: per-chunk medians train a cost per chunk
-                "chunk_ms": [statistics.median(times) for times in zip(*(r.chunk_ms for r in results), strict=True)],
+                # (none where the backend shows no chunks)
+                "chunk_ms": [statistics.median(times) for times in zip(*(r.chunk_ms for r in results), strict=True)]
+                or None,
                 "kv_cache_bytes": results[0].kv_cache_bytes,
                 "peak_memory_bytes": max(r.peak_memory_bytes for r in results),
             }

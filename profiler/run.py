@@ -146,7 +146,7 @@ def log_run(
     """Close the run: the spec, what was measured, the dataset as its input."""
     import mlflow
 
-    from chunkpilot.tracking import quiet_mlflow, tracking_uri
+    from chunkpilot.tracking import log_input, quiet_mlflow, tracking_uri
 
     measured = dataset[dataset.config_key.isin(report.measured)]
     mlflow.set_tracking_uri(tracking_uri())
@@ -179,7 +179,5 @@ def log_run(
         )
         mlflow.log_dict(spec.model_dump(mode="json"), "spec.yaml")
         lineage = dataset.drop(columns=LISTS)
-        mlflow.log_input(
-            mlflow.data.from_pandas(lineage, source=str(report.directory), name=spec.name), context="profiling"
-        )
+        log_input(mlflow.data.from_pandas(lineage, source=str(report.directory), name=spec.name), "profiling")
         return run.info.run_id

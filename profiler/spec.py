@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
-from chunkpilot.contract import MAX_CONTEXT, AttentionConfig, AttnImpl, ConfigError, Contract, Dtype
+from chunkpilot.contract import MAX_CONTEXT, AttentionConfig, AttnImpl, Backend, ConfigError, Contract, Dtype
 from engine.workload import Workload
 
 Length = Annotated[int, Field(ge=1, le=MAX_CONTEXT)]
@@ -32,6 +32,7 @@ class ProfileConfig(Contract):
     threads: int
     attn_impl: AttnImpl
     global_tokens: int = 0  # spread evenly over the prompt by the engine
+    backend: Backend = "chunkpilot"  # what runs the prefill (engine.backends)
 
     @property
     def attention(self) -> AttentionConfig:
@@ -44,13 +45,16 @@ class ProfileConfig(Contract):
 
     @property
     def key(self) -> str:
-        """Stable and file-name safe: a readable prefix plus a hash of every field (without global
-        tokens, none of them: keys from before they existed stay the same, and so does resuming)."""
-        fields = self.model_dump(exclude=set() if self.global_tokens else {"global_tokens"})
+        """Stable and file-name safe: a readable prefix plus a hash of every field (without the
+        fields added later at their defaults, no global tokens and the bundled engine: keys from
+        before they existed stay the same, and so does resuming)."""
+        later = {"global_tokens": 0, "backend": "chunkpilot"}
+        fields = self.model_dump(exclude={name for name, default in later.items() if getattr(self, name) == default})
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         name = Path(self.model).stem.replace("_", "-")[:24]
         g = f"g{self.global_tokens}" if self.global_tokens else ""
-        return f"{name}-n{self.context_length}-w{self.window or 0}{self.layout[0]}{self.sinks}{g}-{digest}"
+        b = "" if self.backend == "chunkpilot" else f"{self.backend.replace('.', '')}-"
+        return f"{b}{name}-n{self.context_length}-w{self.window or 0}{self.layout[0]}{self.sinks}{g}-{digest}"
 
     def candidates(self, sizes: tuple[int | str, ...]) -> tuple[list[int], list[str]]:
         """(feasible chunk sizes, reasons for the others). `full` is the context length itself."""
@@ -90,13 +94,18 @@ class Sweep(Contract):
     dtypes: list[Dtype] = Field(default=["float32"], min_length=1)
     threads: list[Annotated[int, Field(ge=1, le=1024)]] = Field(default=[1], min_length=1)
     attn_impls: list[AttnImpl] = Field(default=["sdpa"], min_length=1)
+    backends: list[Backend] = Field(default=["chunkpilot"], min_length=1, description="what runs each prefill")
 
     def configs(self) -> list[ProfileConfig]:
         lengths = self.contexts.lengths if isinstance(self.contexts, Contexts) else self.contexts
-        levels = itertools.product(self.models, lengths, self.attention, self.dtypes, self.threads, self.attn_impls)
+        levels = itertools.product(
+            self.models, lengths, self.attention, self.dtypes, self.threads, self.attn_impls, self.backends
+        )
         return [
-            ProfileConfig(model, n, att.window, att.row_layout, att.sinks, dtype, threads, impl, att.global_tokens)
-            for model, n, att, dtype, threads, impl in levels
+            ProfileConfig(
+                model, n, att.window, att.row_layout, att.sinks, dtype, threads, impl, att.global_tokens, backend
+            )
+            for model, n, att, dtype, threads, impl, backend in levels
         ]
 
 

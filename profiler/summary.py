@@ -34,6 +34,7 @@ def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
                 "dtype": first["dtype"],
                 "threads": int(first["threads"]),
                 "attn_impl": first["attn_impl"],
+                "backend": first.get("backend") or "chunkpilot",
                 "candidates": len(ttft),
                 "best_chunk": int(best_chunk),
                 "best_ttft_ms": best,

@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chunkpilot.contract import BACKENDS
 from chunkpilot.features import FEATURES, INPUT_COLUMNS, MONOTONE, build, keys_sum
 
 
@@ -48,6 +49,7 @@ def row(**change) -> dict:
         dtype="float32",
         threads=2,
         attn_impl="sdpa",
+        backend="chunkpilot",
         matmul_gflops=258.0,
         bandwidth_gbs=60.0,
         call_overhead_ms=0.9,
@@ -84,8 +86,9 @@ def test_window_only_on_local_layers_of_interleaved_models():
     dtype=st.sampled_from(["float32", "bfloat16"]),
     attn=st.sampled_from(["sdpa", "eager"]),
     threads=st.integers(1, 64),
+    backend=st.sampled_from(BACKENDS),
 )
-def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every, dtype, attn, threads):
+def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every, dtype, attn, threads, backend):
     x = build(
         row(
             context_length=n,
@@ -97,6 +100,7 @@ def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every,
             dtype=dtype,
             attn_impl=attn,
             threads=threads,
+            backend=backend,
         )
     )
     assert np.isfinite(x).all() and set(INPUT_COLUMNS) <= set(row())

@@ -27,6 +27,7 @@ CONFIG_COLUMNS = (
     "dtype",
     "threads",
     "attn_impl",
+    "backend",
 )
 
 

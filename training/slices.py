@@ -1,8 +1,9 @@
 """Group-aware held-out slices: whole configs are held out, never single rows, so a model is judged
 on configs it has not seen: (a) unseen context lengths, (b) unseen model shapes, (c) unseen
 windows, (d) unseen hardware: a machine when the data holds several, else a thread count or a
-dtype, (e) with several machines, a model shape and a machine held out together, and (f) with
-telemetry in the data, the engine's own recent prefills (configs measured at two sizes or more)."""
+dtype, (e) with several machines, a model shape and a machine held out together, (f) with
+telemetry in the data, the engine's own recent prefills (configs measured at two sizes or more),
+and (g) with several backends, a backend (what transfers from one engine's costs to another's)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def make_slices(configs: pd.DataFrame, context_folds: int = 3) -> dict[str, list
     machines = _leave_one_out(configs, "hardware_id")
     hardware = machines or [fold for column in ("threads", "dtype") for fold in _leave_one_out(configs, column)]
     slices = {"context": context, "model": _leave_one_out(configs, "model"), "window": window, "hardware": hardware}
+    if backends := _leave_one_out(configs, "backend"):
+        slices["backend"] = backends
     if machines:  # train on neither the shape nor the machine; test on that shape on that machine
         slices["model-machine"] = [
             (

@@ -20,7 +20,7 @@ from chunkpilot.dataset import LISTS, DataError
 from chunkpilot.features import FEATURES
 from chunkpilot.fleet import Gathered, gather
 from chunkpilot.recipe import DEFAULT, FEATURE_SET, RECIPES, Recipe, make_recipe
-from chunkpilot.tracking import quiet_mlflow, tracking_uri, use_experiment
+from chunkpilot.tracking import log_input, quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots, promotion
 from .baselines import baselines
@@ -76,10 +76,10 @@ def _log_dataset(table: Table, source: str) -> None:
     import mlflow
 
     lineage = table.rows.drop(columns=LISTS)
-    mlflow.log_input(mlflow.data.from_pandas(lineage, source=str(source), name="ttft"), context="training")
+    log_input(mlflow.data.from_pandas(lineage, source=str(source), name="ttft"), "training")
     telemetry = lineage[lineage.spec_name == "telemetry"]
     if len(telemetry):  # the engine's own prefills, their own input: the compare view shows how they grow
-        mlflow.log_input(mlflow.data.from_pandas(telemetry, source=str(source), name="telemetry"), context="training")
+        log_input(mlflow.data.from_pandas(telemetry, source=str(source), name="telemetry"), "training")
 
 
 def _row_counts(table: Table) -> tuple[int, int]:

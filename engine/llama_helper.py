@@ -1,0 +1,93 @@
+"""`auto` for llama.cpp users: a `llama_cpp.Llama` the user already has evaluates a prompt in the
+chunk size ChunkPilot chose. The model's GGUF metadata becomes the shared request (its shape, full
+attention, the context's batch threads), this machine's descriptors come from the engine's cache,
+and the decision from the service or the champion in-process, with the hand rule (and its reason)
+whenever the request cannot be described or neither answers.
+
+A chunk is one micro-batch: llama.cpp splits each `llama_decode` at the context's `n_ubatch`, and
+the binding's `eval` splits the prompt at `n_batch`, so a size above both is cut to the smaller."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from chunkpilot.chunks import rule_size
+from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
+
+from .hardware import local_hardware
+from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
+from .predictor_client import AutoPolicy, InProcessPolicy, make_auto
+
+FAMILIES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF architecture -> the contract's family
+FILE_DTYPES = {0: "float32", 32: "bfloat16"}  # GGUF general.file_type -> the contract's dtype
+
+
+def _threads(llm: Any) -> int:
+    return int(llm.context_params.n_threads_batch)
+
+
+def request_features(llm: Any, context_length: int) -> RequestFeatures:
+    """What a policy decides on for a prompt of `context_length` tokens on `llm` (ConfigError, naming
+    the field, when its metadata says something the contract cannot hold)."""
+    meta = llm.metadata
+    arch = meta.get("general.architecture", "")
+    if arch not in FAMILIES:
+        raise ConfigError("model", f"GGUF architecture {arch!r} is not one ChunkPilot models ({', '.join(FAMILIES)})")
+    file_type = int(meta.get("general.file_type", 0))
+    if file_type not in FILE_DTYPES:
+        raise ConfigError("dtype", f"GGUF file type {file_type} is not in the contract (f32, bf16)")
+    heads = int(meta[f"{arch}.attention.head_count"])
+    hidden = int(meta[f"{arch}.embedding_length"])
+    shape = ModelShape(
+        family=FAMILIES[arch],
+        num_layers=int(meta[f"{arch}.block_count"]),
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        intermediate_size=int(meta[f"{arch}.feed_forward_length"]),
+        vocab_size=int(llm.n_vocab()),
+        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        max_position=int(meta.get(f"{arch}.context_length", llm.n_ctx())),
+    )
+    return RequestFeatures(
+        context_length, shape, dtype=FILE_DTYPES[file_type], threads=_threads(llm), backend="llama.cpp"
+    )
+
+
+def auto_policy(llm: Any, predictor: str, timeout_s: float = DECISION_TIMEOUT_S) -> AutoPolicy | InProcessPolicy:
+    """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
+    hardware = local_hardware("float32", _threads(llm))
+    if predictor.startswith(("http://", "https://")):
+        return make_auto(hardware, service=predictor, timeout_s=timeout_s)
+    return make_auto(hardware, tracking=predictor)
+
+
+def largest_chunk(llm: Any) -> int:
+    """The largest chunk one `eval` step runs as one micro-batch."""
+    return min(int(llm.n_batch), int(llm.context_params.n_ubatch))
+
+
+def prefill_chunk_size(llm: Any, context_length: int, policy: ChunkPolicy) -> Decision:
+    """The decision for a prompt of `context_length` tokens on `llm`, cut to what one step holds."""
+    try:
+        decision = policy.decide(request_features(llm, context_length))
+    except ConfigError as exc:
+        size = rule_size(context_length, None, "shift")  # llama.cpp attends fully
+        decision = Decision(size, "fallback", reason=f"{exc.field}: {exc.message}")
+    return dataclasses.replace(decision, chunk_size=min(decision.chunk_size, largest_chunk(llm)))
+
+
+def chunked_eval(llm: Any, tokens: Sequence[int], policy: ChunkPolicy) -> Decision:
+    """`llm.eval(tokens)` from an empty context in chunks of the decided size, and the decision; the
+    Llama is left as its own `eval` leaves it (its tokens and last logits), ready to sample."""
+    decision = prefill_chunk_size(llm, len(tokens), policy)
+    own = llm.n_batch
+    llm.n_batch = decision.chunk_size  # `eval` steps by n_batch; its batch buffer holds the larger `own`
+    try:
+        llm.reset()
+        llm.eval(list(tokens))
+    finally:
+        llm.n_batch = own
+    return decision
