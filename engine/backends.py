@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from chunkpilot.contract import AttentionConfig, Backend, ConfigError
+from chunkpilot.contract import AttentionConfig, Backend, ConfigError, RequestFeatures
 
 from .config import EngineConfig
 from .engine import Engine, Prefilled, Prepared
@@ -51,7 +51,7 @@ class TransformersEngine(Engine):
 
         return transformers.__version__
 
-    def request(self, context_length: int, attention: AttentionConfig):
+    def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
         own = own_attention(self.model.config)
         if attention != own:
             raise ConfigError(
@@ -112,7 +112,7 @@ class LlamaCppEngine(Engine):
     def backend_version(self) -> str:
         return self._version
 
-    def request(self, context_length: int, attention: AttentionConfig):
+    def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
         if attention != AttentionConfig():
             raise ConfigError("attention", f"the llama.cpp backend attends fully here; got {attention.label}")
         return super().request(context_length, attention)

@@ -1,6 +1,7 @@
 """`auto` for stock transformers users: the chunk size ChunkPilot would choose, for a model's own
-`generate(..., prefill_chunk_size=...)`. The model's config becomes the shared request (its shape,
-its own sliding window in transformers' shift layout), this machine's descriptors come from the
+`generate(..., prefill_chunk_size=...)`, decided from stock generate's own costs (the
+`transformers` backend's rows). The model's config becomes the shared request (its shape, its own
+sliding window in transformers' shift layout), this machine's descriptors come from the
 engine's cache, and the answer comes from the service over HTTP or the champion in-process, with
 the engine's fallback to the hand rule (and its reason) when neither can answer."""
 
@@ -11,8 +12,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from chunkpilot.contract import AttentionConfig, RequestFeatures
+from chunkpilot.contract import RequestFeatures
 
+from .backends import own_attention
 from .hardware import local_hardware
 from .models import DTYPES, shape_of
 from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
@@ -35,11 +37,15 @@ def auto_policy(
 
 def request_features(model: PreTrainedModel, context_length: int) -> RequestFeatures:
     """What a policy decides on for a prompt of `context_length` tokens on `model`."""
-    config = model.config
-    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    attention = AttentionConfig(window=window or None)  # transformers' sliding layers: the shift layout
+    attn_impl = "eager" if model.config._attn_implementation == "eager" else "sdpa"
     return RequestFeatures(
-        context_length, shape_of(config), attention, dtype_name(model), torch.get_num_threads(), "sdpa"
+        context_length,
+        shape_of(model.config),
+        own_attention(model.config),
+        dtype_name(model),
+        torch.get_num_threads(),
+        attn_impl,
+        "transformers",
     )
 
 

@@ -51,3 +51,4 @@ def test_the_model_s_config_becomes_the_request():
     request = asked.requests[0]
     assert request.context_length == 3000 and request.attention.window == 1024 and request.attention.layout == "shift"
     assert request.shape.num_layers == mistral.config.num_hidden_layers and request.dtype == "float32"
+    assert request.backend == "transformers"  # decided from stock generate's costs, not the engine's
