@@ -17,7 +17,7 @@ from training.data import load_table
 from training.served import choose_groups
 
 SIZES = tuple(c for c in DEFAULT_CHUNKS if c != "full")
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data" / "ttft" / "cpu-shipped"  # the bundled engine's shipped rows
 
 
 @pytest.mark.parametrize(("window", "layout"), [(None, "shift"), (1000, "ring"), (700, "shift")])

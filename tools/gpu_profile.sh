@@ -36,7 +36,8 @@ fi
 missing=$("$py" - <<'PY'
 import importlib.util
 needed = {"pydantic": "pydantic", "pydantic_core": "pydantic-core", "annotated_types": "annotated-types",
-          "typing_inspection": "typing-inspection", "typing_extensions": "typing-extensions", "yaml": "pyyaml"}
+          "typing_inspection": "typing-inspection", "typing_extensions": "typing-extensions", "yaml": "pyyaml",
+          "pydantic_settings": "pydantic-settings", "dotenv": "python-dotenv"}
 print(" ".join(dist for module, dist in needed.items() if importlib.util.find_spec(module) is None))
 PY
 )
