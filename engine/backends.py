@@ -120,14 +120,12 @@ class LlamaCppEngine(Engine):
     def context(self, n_ctx: int, n_ubatch: int):
         """A llama.cpp context holding `n_ctx` positions, `n_ubatch` tokens per micro-batch; the
         last two kept (a context's buffers are sized by both)."""
-        import llama_cpp
-
         key = (n_ctx, n_ubatch)
         if key not in self._contexts:
             while len(self._contexts) >= 2:
                 self._contexts.pop(next(iter(self._contexts))).close()
             threads = self.runtime.threads
-            self._contexts[key] = llama_cpp.Llama(
+            self._contexts[key] = _llama().Llama(
                 str(self.gguf),
                 n_ctx=n_ctx,
                 n_batch=n_ubatch,

@@ -18,7 +18,7 @@ from .backends import own_attention
 from .hardware import local_hardware
 from .models import DTYPES, shape_of
 from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
-from .predictor_client import AutoPolicy, InProcessPolicy, make_auto
+from .predictor_client import AutoPolicy, InProcessPolicy, auto_at
 
 
 def dtype_name(model: PreTrainedModel) -> str:
@@ -30,9 +30,7 @@ def auto_policy(
 ) -> AutoPolicy | InProcessPolicy:
     """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
     hardware = local_hardware(dtype_name(model), torch.get_num_threads(), model.device.type)
-    if predictor.startswith(("http://", "https://")):
-        return make_auto(hardware, service=predictor, timeout_s=timeout_s)
-    return make_auto(hardware, tracking=predictor)
+    return auto_at(hardware, predictor, timeout_s)
 
 
 def request_features(model: PreTrainedModel, context_length: int) -> RequestFeatures:

@@ -18,7 +18,7 @@ from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
 
 from .hardware import local_hardware
 from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
-from .predictor_client import AutoPolicy, InProcessPolicy, make_auto
+from .predictor_client import AutoPolicy, InProcessPolicy, auto_at
 
 FAMILIES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF architecture -> the contract's family
 FILE_DTYPES = {0: "float32", 32: "bfloat16"}  # GGUF general.file_type -> the contract's dtype
@@ -58,10 +58,7 @@ def request_features(llm: Any, context_length: int) -> RequestFeatures:
 
 def auto_policy(llm: Any, predictor: str, timeout_s: float = DECISION_TIMEOUT_S) -> AutoPolicy | InProcessPolicy:
     """`predictor`: the service's URL (http://...) or an MLflow tracking URI to load the champion from."""
-    hardware = local_hardware("float32", _threads(llm))
-    if predictor.startswith(("http://", "https://")):
-        return make_auto(hardware, service=predictor, timeout_s=timeout_s)
-    return make_auto(hardware, tracking=predictor)
+    return auto_at(local_hardware("float32", _threads(llm)), predictor, timeout_s)
 
 
 def largest_chunk(llm: Any) -> int:

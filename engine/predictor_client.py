@@ -293,3 +293,11 @@ def make_auto(
     if service is not None:
         return AutoPolicy(service, timeout_s, hardware, reporter=reporter, schedule=schedule)
     return InProcessPolicy(tracking, hardware, reporter=reporter, schedule=schedule)
+
+
+def auto_at(hardware: Hardware, predictor: str, timeout_s: float = DECISION_TIMEOUT_S) -> AutoPolicy | InProcessPolicy:
+    """`auto` from one address, as the helpers take it: the service's URL (http://...), else an
+    MLflow tracking URI to load the champion from in-process."""
+    if predictor.startswith(("http://", "https://")):
+        return make_auto(hardware, service=predictor, timeout_s=timeout_s)
+    return make_auto(hardware, tracking=predictor)
