@@ -102,15 +102,15 @@ class Contract(BaseModel):
 class ModelShape(Contract):
     """Everything about a decoder-only model that decides its prefill cost."""
 
-    family: Family
-    num_layers: int = Field(ge=1, le=1024)
-    hidden_size: int = Field(ge=1, le=65536)
-    num_heads: int = Field(ge=1, le=1024)
-    num_kv_heads: int = Field(ge=1, le=1024)
-    intermediate_size: int = Field(ge=1, le=1 << 20)
-    vocab_size: int = Field(ge=2, le=1 << 22)
+    family: Family = Field(description="the architecture: " + ", ".join(FAMILIES))
+    num_layers: int = Field(ge=1, le=1024, description="decoder layers")
+    hidden_size: int = Field(ge=1, le=65536, description="the residual stream's width")
+    num_heads: int = Field(ge=1, le=1024, description="query heads")
+    num_kv_heads: int = Field(ge=1, le=1024, description="key/value heads (fewer than num_heads: grouped-query)")
+    intermediate_size: int = Field(ge=1, le=1 << 20, description="the MLP's inner width")
+    vocab_size: int = Field(ge=2, le=1 << 22, description="vocabulary size")
     head_dim: int | None = Field(default=None, ge=1, le=4096, description="None: hidden_size // num_heads")
-    max_position: int = Field(default=32768, ge=2, le=MAX_CONTEXT)
+    max_position: int = Field(default=32768, ge=2, le=MAX_CONTEXT, description="the longest context it takes")
     window: int | None = Field(default=None, ge=1, le=MAX_CONTEXT, description="the model's own sliding window")
     global_every: int | None = Field(default=None, ge=1, le=1024, description="every k-th layer global, others local")
     tie_embeddings: bool | None = Field(default=None, description="LM head shares the embeddings; None: gemma3 only")
@@ -169,7 +169,9 @@ class AttentionConfig(Contract):
     global tokens (selective SWA: chosen tokens every later query sees besides the window)."""
 
     window: int | None = Field(default=None, ge=1, le=MAX_CONTEXT, description="sliding window; null: full attention")
-    layout: Layout = "shift"
+    layout: Layout = Field(
+        default="shift", description="how the window's keys are kept: shift (the oldest dropped), ring (a ring buffer)"
+    )
     sinks: int = Field(default=0, ge=0, le=4096, description="first tokens every query sees besides the window")
     global_tokens: int = Field(
         default=0, ge=0, le=MAX_GLOBAL_TOKENS, description="tokens every later query sees besides the window"
@@ -226,12 +228,14 @@ class Hardware(Contract):
     hardware_id: str | None = Field(
         default=None, pattern=IDENTIFIER, description="letters, digits, '.', '_', '-' (1-64, a letter or digit first)"
     )
-    matmul_gflops: float | None = Field(default=None, ge=0.01, le=1e7)
-    bandwidth_gbs: float | None = Field(default=None, ge=0.01, le=1e5)
-    call_overhead_ms: float | None = Field(default=None, ge=1e-4, le=1e4)
-    cores: int | None = Field(default=None, ge=1, le=1 << 16)
-    l2_cache_bytes: int = Field(default=0, ge=0, le=1 << 40)
-    l3_cache_bytes: int = Field(default=0, ge=0, le=1 << 40)
+    matmul_gflops: float | None = Field(default=None, ge=0.01, le=1e7, description="measured matmul GFLOP/s")
+    bandwidth_gbs: float | None = Field(default=None, ge=0.01, le=1e5, description="measured memory bandwidth, GB/s")
+    call_overhead_ms: float | None = Field(
+        default=None, ge=1e-4, le=1e4, description="measured fixed cost of one forward call, ms"
+    )
+    cores: int | None = Field(default=None, ge=1, le=1 << 16, description="physical cores")
+    l2_cache_bytes: int = Field(default=0, ge=0, le=1 << 40, description="the L2 cache cpu0 sees, bytes (0: unknown)")
+    l3_cache_bytes: int = Field(default=0, ge=0, le=1 << 40, description="the L3 cache cpu0 sees, bytes (0: unknown)")
 
     @property
     def described(self) -> bool:
@@ -250,14 +254,16 @@ DESCRIPTORS = tuple(name for name in Hardware.model_fields if name != "hardware_
 class RequestFeatures(Contract):
     """What a chunk-size policy may look at before a prefill."""
 
-    context_length: int = Field(ge=1, le=MAX_CONTEXT)
+    context_length: int = Field(ge=1, le=MAX_CONTEXT, description="the prompt's tokens")
     model: Annotated[str, Field(min_length=1, max_length=64)] | ModelShape = Field(
         description="a preset name or the model's shape fields"
     )
-    attention: AttentionConfig = AttentionConfig()
-    dtype: Dtype = "float32"
-    threads: int = Field(default=1, ge=1, le=1024)
-    attn_impl: AttnImpl = "sdpa"
+    attention: AttentionConfig = Field(
+        default=AttentionConfig(), description="full causal, or a sliding window with its layout, sinks, global tokens"
+    )
+    dtype: Dtype = Field(default="float32", description="the weights' and activations' type: " + ", ".join(DTYPES))
+    threads: int = Field(default=1, ge=1, le=1024, description="threads the prefill runs on")
+    attn_impl: AttnImpl = Field(default="sdpa", description="the attention kernel: " + ", ".join(ATTN_IMPLS))
     backend: Backend = Field(default="chunkpilot", description="what runs the prefill: " + ", ".join(BACKENDS))
 
     @model_validator(mode="after")
@@ -307,7 +313,7 @@ class RequestFeatures(Contract):
 class ChunkRequest(RequestFeatures):
     """The service's question: a request plus the machine, optionally the sizes to choose from."""
 
-    hardware: Hardware
+    hardware: Hardware = Field(description="the machine: a profiled hardware_id, or its measured descriptors")
     candidates: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)] | Literal["full"]] | None = Field(
         default=None,
         min_length=1,

@@ -8,7 +8,9 @@ uncertainty the chooser (chunkpilot.recipe) weighs a saving against. Implementat
   it (chunkpilot.chunk_features). A plan's TTFT is the sum of its chunks (at most SAMPLED of them
   priced, the others interpolated), plus the first decode step (one token after the whole prompt)
   and tokenizing. One training row per chunk, a cost that
-  composes across lengths, and schedules priced by the same numbers. Trains on rows with `chunk_ms`.
+  composes across lengths, and schedules priced by the same numbers. Trains on rows with `chunk_ms`;
+  the plans of a backend none of whose rows had them (stock `generate` shows no chunk boundaries,
+  or a backend never profiled) are priced by a PerCandidate model fitted beside it on every row.
 - PerCandidate: LightGBM on log TTFT per (config, size), the correction to the analytic estimate
   (features.base_log_ms). Trains on every row.
 - Analytic: the peers' profiled closed form (vllm-ascend), least squares per model and machine.
@@ -48,7 +50,7 @@ LGBM = {
     "feature_fraction": 0.8,
 }
 MEMBERS = 5
-_N, _C = FEATURES.index("context_length"), FEATURES.index("chunk_size")
+_N, _C, _B = FEATURES.index("context_length"), FEATURES.index("chunk_size"), FEATURES.index("backend")
 
 # per chunk: (query tokens, history) -> an additive log-ms correction [chunks] (chunkpilot.correction)
 Adjust = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -148,6 +150,8 @@ class PerChunk:
     kind: str = "per-chunk"
     boosters: list[lgb.Booster] = field(default_factory=list, repr=False)
     tokenize_ms_per_token: float = 0.0
+    timed: list[int] = field(default_factory=list)  # the backends' codes whose chunks were timed
+    untimed: PerCandidate | None = None  # the other backends' plans, whole; fitted beside the boosters
 
     def fit(self, data: Measured) -> None:
         timed = [i for i, ms in enumerate(data.chunk_ms) if ms is not None]
@@ -163,6 +167,9 @@ class PerChunk:
             params, rounds = lgb_params(self.params, seed)
             self.boosters.append(lgb.train(params, lgb.Dataset(features, target), num_boost_round=rounds))
         self.tokenize_ms_per_token = float(np.median(data.tokenize_ms[timed] / x[:, _N]))
+        self.timed = sorted({int(b) for b in x[:, _B]})
+        self.untimed = PerCandidate(self.params, self.size)
+        self.untimed.fit(data)
 
     def chunk_log_ms(self, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
         """[members, chunks]: each chunk's log ms; `config` [chunks, FEATURES] is its config row."""
@@ -170,6 +177,17 @@ class PerChunk:
         return np.stack([b.predict(features, num_threads=1) for b in self.boosters]) + features[:, -1]
 
     def members(self, x: np.ndarray, adjust: Adjust | None = None) -> np.ndarray:
+        chunked = np.isin(x[:, _B], self.timed)
+        if chunked.all():
+            return self._summed(x, adjust)
+        out = np.empty((self.size, len(x)))
+        out[:, ~chunked] = self.untimed.members(x[~chunked])
+        if chunked.any():
+            out[:, chunked] = self._summed(x[chunked], adjust)
+        return out
+
+    def _summed(self, x: np.ndarray, adjust: Adjust | None) -> np.ndarray:
+        """[K, rows] log ms of each uniform plan as the sum of its chunks' predicted costs."""
         owner, q, h, weight = priced_chunks(x)
         n = x[:, _N]
         # the priced chunks, then each plan's first decode step (one token after n): one call per member
@@ -190,12 +208,15 @@ class PerChunk:
             "params": self.params,
             "size": self.size,
             "tokenize_ms_per_token": self.tokenize_ms_per_token,
+            "timed": self.timed,
+            "untimed": self.untimed.save(folder),
         }
 
     @classmethod
     def load(cls, folder: Path, saved: dict) -> PerChunk:
         model = cls(saved["params"], saved["size"], tokenize_ms_per_token=saved["tokenize_ms_per_token"])
         model.boosters = [lgb.Booster(model_file=str(folder / f"{model.kind}-{i}.lgb")) for i in range(model.size)]
+        model.timed, model.untimed = saved["timed"], PerCandidate.load(folder, saved["untimed"])
         return model
 
 

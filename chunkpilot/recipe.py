@@ -28,6 +28,9 @@ from .features import FEATURES
 FEATURE_SET = [*FEATURES, *(f"chunk.{name}" for name in chunk_features.NAMES)]
 
 RECIPE_FILE = "recipe.json"
+FORMAT = 2  # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin
+# the run params a registered champion must share with this ChunkPilot to serve it (the promotion gate)
+COMPATIBLE = {"features": ",".join(FEATURE_SET), "recipe_format": str(FORMAT)}
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class Recipe:
     def save(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         saved = {
+            "format": FORMAT,
             "name": self.name,
             "cost": self.cost.save(folder),
             "chooser": {"z": self.chooser.z},
@@ -124,6 +128,11 @@ def load_recipe(folder: Path) -> Recipe:
     if not path.is_file():
         raise ValueError(f"{folder} holds no {RECIPE_FILE}: not a ChunkPilot recipe (an older model?)")
     saved = json.loads(path.read_text())
+    if saved.get("format", 1) != FORMAT:
+        raise ValueError(
+            f"recipe {saved.get('name')!r} was saved in format {saved.get('format', 1)}, this ChunkPilot reads "
+            f"format {FORMAT}: retrain it (chunkpilot train)"
+        )
     if saved.get("features") != FEATURE_SET:
         raise ValueError(
             f"recipe {saved.get('name')!r} was trained on other features ({len(saved.get('features', []))}) "

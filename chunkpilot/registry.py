@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .contract import ChunkRequest
 from .tracking import quiet_mlflow
 
 MODEL_NAME = "chunk-size-predictor"
@@ -100,3 +101,16 @@ def _download(tracking_uri: str, dst: Path, name: str, alias: str, version: str 
             metrics={k: v for k, v in run.data.metrics.items() if not math.isnan(v)},
             waits=version.tags.get(WAITS) == "true",
         )
+
+
+def model_signature():
+    """The MLflow model's signature: one request per row, the service's request fields as columns
+    (their values checked by the contract, so any type passes MLflow's own check), one decision per row."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, Schema
+
+    from .decision import ROW  # numpy and LightGBM: only when a model is logged
+
+    inputs = [ColSpec(AnyType(), name, required=f.is_required()) for name, f in ChunkRequest.model_fields.items()]
+    outputs = [ColSpec(kind, name) for name, kind in ROW.items()]
+    return ModelSignature(Schema(inputs), Schema(outputs))

@@ -19,10 +19,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
+from chunkpilot.decision import Infeasible
 from chunkpilot.version import installed_version
 
 from . import routes
-from .model import Infeasible
 from .service import ServiceMetrics, ServiceState
 from .settings import LOOPBACK, Settings
 

@@ -1,6 +1,7 @@
 """The served recipe: the champion's cost model and chooser (chunkpilot.recipe, loaded by the same
-function as training's cross-validation), the hardware it was trained on, and the decision for one
-request (a feature row per feasible candidate -> predicted TTFT with its spread -> the chooser).
+function as training's cross-validation), the hardware it was trained on, and the answer for one
+request around its decision (chunkpilot.decision: the MLflow model's too): the top candidates,
+exploring's gains, a schedule, the decision table and the budget.
 This machine's correction learns from each accepted outcome (chunkpilot.correction) without a
 retrain. No torch, no transformers, no pandas in the hot path.
 """
@@ -16,11 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from chunkpilot import plausibility, registry
-from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
-from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome
+from chunkpilot.chunks import max_chunk
+from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
-from chunkpilot.features import base_log_ms, build
+from chunkpilot.decision import candidates, decide, feature_rows, resolve_hardware, rule_size
+from chunkpilot.features import base_log_ms
 from chunkpilot.recipe import Recipe, load_recipe
 
 from .answer import Answer, Gain
@@ -36,15 +38,6 @@ TABLE_ENV = "CHUNKPILOT_DECISION_TABLE"  # "0": no decision tables (the tests' s
 GAP_SD_FLOOR = 0.03
 
 
-class Infeasible(ValueError):
-    """A request the model cannot answer; the message says why (422), `reason` names the kind
-    (counted by reason in /metrics)."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
 def expected_gain(gap: float, sd: float) -> float:
     """E[max(0, -D)] for D ~ N(gap, sd): what measuring a candidate predicted `gap` log ms slower
     than the choice is expected to save, in log ms (the expected improvement of Bayesian optimisation)."""
@@ -52,29 +45,6 @@ def expected_gain(gap: float, sd: float) -> float:
         return max(0.0, -gap)
     z = gap / sd
     return sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) - gap * 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:
-    """Descriptor fields for the features: a profiled machine's own measurement at exactly this
-    dtype and thread count (what the model was trained on) wins; otherwise the request's fields,
-    over the profiled machine's nearest setting, if any."""
-    found: dict = {}
-    given = hardware.model_dump(exclude={"hardware_id"}, exclude_none=True)
-    machine = table.get(hardware.hardware_id) if hardware.hardware_id is not None else None
-    if machine is None and not hardware.described:
-        raise Infeasible(
-            f"hardware.hardware_id {hardware.hardware_id!r} was not profiled (known: "
-            f"{', '.join(table) or 'none'}); give its descriptors instead",
-            "unknown_hardware",
-        )
-    if machine is not None:
-        measured = {tuple(k.split("/")): v for k, v in machine["descriptors"].items()}
-        same_dtype = [k for k in measured if k[0] == dtype] or list(measured)
-        nearest = min(same_dtype, key=lambda k: (abs(int(k[1]) - threads), k))
-        found = {**machine["static"], **measured[nearest]}
-        if nearest == (dtype, str(threads)):
-            return {**given, **found}
-    return {**found, **{k: v for k, v in given.items() if v or k not in found}}
 
 
 @dataclass
@@ -112,7 +82,7 @@ class Predictor:
 
     def estimate_ms(self, request: ChunkRequest, chunk: int) -> float:
         """The analytic TTFT of one size (features.base_log_ms): what the budget weighs a decision against."""
-        return float(np.exp(base_log_ms(self.feature_rows(request, [chunk])))[0])
+        return float(np.exp(base_log_ms(feature_rows(self.hardware, request, [chunk])))[0])
 
     def affordable(self, request: ChunkRequest) -> bool:
         """Whether deciding now costs at most `budget` of the TTFT the rule's size would take (a budget
@@ -122,8 +92,7 @@ class Predictor:
         return self.decision_ms <= self.budget * self.estimate_ms(request, self.rule_size(request))
 
     def rule_size(self, request: ChunkRequest) -> int:
-        att = request.attention
-        return rule_candidate(self.candidates(request), request.context_length, att.window, att.layout)
+        return rule_size(request, candidates(request))
 
     def rule_answer(self, request: ChunkRequest) -> Answer:
         rule = self.rule_size(request)
@@ -141,22 +110,6 @@ class Predictor:
     def close(self) -> None:
         self.table.close()
 
-    def candidates(self, request: ChunkRequest) -> list[int]:
-        n, att = request.context_length, request.attention
-        asked = tuple(request.candidates or DEFAULT_CHUNKS)
-        chosen, _ = feasible_chunks(asked, n, att.window, att.layout)
-        if not chosen:
-            limit = max_chunk(n, att.window, att.layout)
-            why = f"the context ({n})" if limit == n else f"the ring window ({att.window}) and the context ({n})"
-            sizes = ", ".join(str(size) for size in asked)  # "full" sits among the numbers
-            raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}", "no_feasible_candidate")
-        return chosen
-
-    def feature_rows(self, request: ChunkRequest, chunks: list[int]) -> np.ndarray:
-        """[chunks, FEATURES]: the request on its machine (resolve_hardware), one row per size."""
-        hw = resolve_hardware(self.hardware, request.hardware, request.dtype, request.threads)
-        return build({**request.row(hw), "chunk_size": chunks})
-
     def exact_answer(self, request: ChunkRequest) -> Answer:
         """The recipe's decision at exactly this length (what the table holds), timed."""
         start = time.perf_counter()
@@ -166,14 +119,8 @@ class Predictor:
         return answer
 
     def _exact(self, request: ChunkRequest) -> Answer:
-        n, att = request.context_length, request.attention
-        chunks = self.candidates(request)
-        rule = chunks.index(rule_candidate(chunks, n, att.window, att.layout))
-        x = self.feature_rows(request, chunks)
-        choice = self.recipe.pick(x, rule)
-        ms = np.exp(choice.log_ms).tolist()
-        if not all(map(math.isfinite, ms)):
-            raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
+        decided = decide(self.recipe, self.hardware, request)
+        chunks, choice, ms, n = decided.chunks, decided.choice, decided.ms, request.context_length
         best = choice.index
         order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
         candidate = [Candidate(chunk_size=c, predicted_ttft_ms=m) for c, m in zip(chunks, ms, strict=True)]
@@ -189,15 +136,16 @@ class Predictor:
         )
         schedule = None
         if request.schedule and isinstance(self.recipe.cost, PerChunk):
+            att = request.attention
             limit = max_chunk(n, att.window, att.layout)
             ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
-            planned = best_schedule(self.recipe.chunk_ms, x[0], n, ranked, limit)
+            planned = best_schedule(self.recipe.chunk_ms, decided.x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]
         response = ChunkResponse(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
             top=[candidate[i] for i in order[:TOP]],
-            rule=candidate[rule],
+            rule=candidate[decided.rule],
             model_version=self.version,
             source="model",
             schedule=schedule,
@@ -218,7 +166,7 @@ class Predictor:
         if correction is None:
             return 0
         for o in outcomes:
-            x = self.feature_rows(o.request, [o.chunk_size])
+            x = feature_rows(self.hardware, o.request, [o.chunk_size])
             correction.learn(*self.recipe.residuals(x, o.chunk_ms))
         self.info["learnt_from_prefills"] = correction.prefills
         if outcomes:

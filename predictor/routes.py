@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from chunkpilot.contract import ChunkRequest, ChunkResponse
 
-from .schemas import BatchRequest, BatchResponse, Feedback, FeedbackResult
+from .schemas import BatchRequest, BatchResponse, Feedback, FeedbackResult, ModelInfo, Readiness, ReloadResult
 from .service import ServiceState
 from .settings import LOOPBACK
 
@@ -68,8 +68,8 @@ async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
 
 
 @router.get("/v1/model", responses={503: {}})
-async def model_info(service: Ready) -> dict:
-    return {**service.predictor.info, "decision_table": service.predictor.table.summary()}
+async def model_info(service: Ready) -> ModelInfo:
+    return ModelInfo(**service.predictor.info, decision_table=service.predictor.table.summary())
 
 
 @router.get("/livez")
@@ -77,22 +77,18 @@ async def livez() -> dict:
     return {"status": "alive"}
 
 
-@router.get("/readyz", responses={503: {}})
-async def readyz(state: State) -> JSONResponse:
-    if state.draining:
-        return JSONResponse({"ready": False, "reason": "shutting down: finishing in-flight requests"}, 503)
-    if state.predictor is None:
-        return JSONResponse({"ready": False, "reason": state.not_ready}, status_code=503)
-    challenger = state.challenger.version if state.challenger else None  # whose picks exploring measures
-    return JSONResponse(
-        {
-            "ready": True,
-            "version": state.predictor.version,
-            "challenger": challenger,
-            "last_reload_error": state.last_error,
-            "last_retrain": state.last_retrain,
-            "skipped_telemetry": state.skipped_telemetry[:20],  # the first few, each "<file>: why"
-        }
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+async def readyz(state: State) -> Readiness | JSONResponse:
+    if state.draining or state.predictor is None:
+        reason = "shutting down: finishing in-flight requests" if state.draining else state.not_ready
+        return JSONResponse(Readiness(ready=False, reason=reason).model_dump(), status_code=503)
+    return Readiness(
+        ready=True,
+        version=state.predictor.version,
+        challenger=state.challenger.version if state.challenger else None,
+        last_reload_error=state.last_error,
+        last_retrain=state.last_retrain,
+        skipped_telemetry=state.skipped_telemetry[:20],
     )
 
 
@@ -104,10 +100,7 @@ async def feedback(body: Feedback, state: State, _: Trusted) -> FeedbackResult:
 
 
 @admin.post("/admin/reload", responses={401: {}})
-def reload(state: State, _: Trusted) -> dict:
+def reload(state: State, _: Trusted) -> ReloadResult:
     outcome = state.load(force=True)
-    return {
-        "outcome": outcome,
-        "version": state.predictor.version if state.predictor else None,
-        "last_reload_error": state.last_error,
-    }
+    version = state.predictor.version if state.predictor else None
+    return ReloadResult(outcome=outcome, version=version, last_reload_error=state.last_error)

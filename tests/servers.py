@@ -4,6 +4,8 @@ process, stopped on exit."""
 from __future__ import annotations
 
 import subprocess
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Iterator
@@ -100,3 +102,22 @@ def postgres(folder: Path) -> Iterator[str]:
         yield server.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)  # the driver installed
     finally:
         server.cleanup()
+
+
+def isolated_python(root: Path) -> Path:
+    """A virtualenv that sees this one's libraries (MLflow, LightGBM, uvicorn, ...) but not this
+    checkout: the editable install's import hook lives in a .pth file that only this venv runs. Its
+    bin/ holds a `uvicorn` (what `mlflow models serve` starts) on the same footing. Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(site) / "libraries.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # a path, run as none
+    uvicorn_script = root / "bin" / "uvicorn"
+    uvicorn_script.write_text(f"#!{python}\nimport sys\nfrom uvicorn.main import main\nsys.exit(main())\n")
+    uvicorn_script.chmod(0o755)
+    return python

@@ -124,3 +124,10 @@ def test_every_relative_link_and_anchor_resolves(path):
         elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text()):
             broken.append(f"{target}: no such heading")
     assert not broken, broken
+
+
+def test_the_readme_is_a_front_door_of_at_most_150_lines():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    sections = re.findall(r"^## (.*)$", readme, re.M)
+    assert sections[:2] == ["The two commands", "What `make demo` tells you"]  # what it is comes first

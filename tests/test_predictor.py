@@ -16,9 +16,10 @@ import pytest
 from conftest import quick, sqlite_store
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
-from servers import free_port, serve, wait_until
+from servers import free_port, isolated_python, serve, wait_until
 
 from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
+from chunkpilot.registry import MODEL_NAME
 from cli.processes import answers
 from engine.predictor_client import Answers, AutoPolicy, Breaker, InProcessPolicy, Remembered
 from engine.workload import Workload
@@ -70,6 +71,57 @@ def test_round_trip_model_then_table(server):
     metrics = httpx.get(f"{server}/metrics").text
     assert 'chunkpilot_decisions_total{chunk_size="' in metrics and "http_request_duration_seconds" in metrics
     assert "chunkpilot_model_version 1.0" in metrics
+
+
+def test_every_field_the_service_takes_or_answers_is_described_in_its_openapi_schema(server):
+    schemas = httpx.get(f"{server}/openapi.json").json()["components"]["schemas"]
+    fastapi_own = {"HTTPValidationError", "ValidationError"}  # FastAPI's 422 body, not ours
+    undescribed = {
+        f"{name}.{field}"
+        for name, schema in schemas.items()
+        if name not in fastapi_own
+        for field, spec in schema.get("properties", {}).items()
+        if not spec.get("description")
+    }
+    assert undescribed == set()
+    assert {"ChunkRequest", "ChunkResponse", "ModelInfo", "Readiness", "TableSummary"} <= set(schemas)
+    assert schemas["Readiness"]["properties"]["ready"]["description"] == "whether decisions are answered"
+
+
+def test_mlflow_models_serve_answers_the_registered_model_alone_with_the_service_s_choice(
+    trained_store, server, tmp_path
+):
+    python = isolated_python(tmp_path / "env")
+    alone = {"cwd": tmp_path, "capture_output": True}
+    assert subprocess.run([python, "-c", "import chunkpilot"], **alone).returncode != 0  # nothing of this checkout
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    model = f"models:/{MODEL_NAME}@champion"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": trained_store, "PATH": f"{python.parent}:{os.environ['PATH']}"}
+    command = [python, "-m", "mlflow", "models", "serve", "-m", model, "--env-manager", "local", "-p", str(port)]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: answers(f"{url}/ping") or proc.poll() is not None, seconds=120)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        requests = [  # the service's own bodies, one per row; nested fields as objects
+            body(),
+            body(context_length=700, attention={"window": None}, threads=1),
+            body(context_length=5000, attention={"window": 1024, "layout": "shift", "sinks": 4}),
+            body(context_length=2000, model=PRESETS["mistral-44m"].model_dump(), candidates=[256, 512, "full"]),
+        ]
+        served = httpx.post(f"{url}/invocations", json={"dataframe_records": requests}, timeout=60)
+        assert served.status_code == 200, served.text
+        mlflow_answers = served.json()["predictions"]
+        service_answers = [httpx.post(f"{server}/v1/chunk-size", json=r).json() for r in requests]
+        for mine, theirs in zip(mlflow_answers, service_answers, strict=True):
+            assert mine["chunk_size"] == theirs["chunk_size"] and mine["deferred"] == theirs["deferred"]
+            assert mine["rule_chunk_size"] == theirs["rule"]["chunk_size"]
+            assert mine["predicted_ttft_ms"] == pytest.approx(theirs["predicted_ttft_ms"], rel=1e-9)
+        bad = httpx.post(f"{url}/invocations", json={"dataframe_records": [body(), body(context_length=0)]})
+        assert bad.status_code == 400 and "row 1.context_length" in bad.json()["message"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_warming_up_a_service_that_builds_no_tables_asks_nothing(server):

@@ -25,11 +25,12 @@ from servers import answers, free_port, mlflow_server, postgres, serve, serve_pr
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest
+from chunkpilot.decision import Infeasible
 from chunkpilot.registry import MODEL_NAME
 from engine.predictor_client import AutoPolicy, Breaker
 from engine.workload import Workload
 from predictor.app import create_app
-from predictor.model import Infeasible, load_predictor
+from predictor.model import load_predictor
 from predictor.settings import Settings
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}

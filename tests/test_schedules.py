@@ -12,13 +12,14 @@ from servers import serve
 
 from chunkpilot.chunks import max_chunk, uniform
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
+from chunkpilot.decision import resolve_hardware
 from chunkpilot.features import build
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from engine.policy import FixedPolicy
 from engine.predictor_client import AutoPolicy, InProcessPolicy
 from engine.workload import Workload
 from predictor.app import create_app
-from predictor.model import load_predictor, resolve_hardware
+from predictor.model import load_predictor
 from predictor.schedule import search_steps
 from predictor.settings import Settings
 

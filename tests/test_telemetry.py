@@ -377,7 +377,7 @@ def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_un
     client.set_registered_model_alias(registry.MODEL_NAME, registry.CHALLENGER, "2")
 
     def settle(judge):
-        return promotion.settle(client, judge, "a,b")
+        return promotion.settle(client, judge, {"features": "a,b"})
 
     assert settle(lambda *_: (0.0, 0.1, 9)) is None  # not a telemetry challenger: never
     client.set_model_version_tag(registry.MODEL_NAME, "2", registry.WAITS, "true")

@@ -112,6 +112,31 @@ def test_per_chunk_rows_follow_each_candidate_s_chunks(small_dataset):
     assert (members.std(0) > 0).any()  # the members differ: that spread is the uncertainty
 
 
+def test_a_backend_without_chunk_times_is_priced_whole_by_the_per_candidate_model(small_dataset, tmp_path):
+    from dataclasses import replace
+
+    from chunkpilot.cost_models import Measured, PerChunk
+    from chunkpilot.features import BACKEND_CODES, FEATURES
+
+    data = load_table(small_dataset).measured
+    generate = np.arange(len(data.x)) % 2 == 1  # half the rows as stock generate measured them: TTFT only
+    x = data.x.copy()
+    x[generate, FEATURES.index("backend")] = BACKEND_CODES["transformers"]
+    chunk_ms = [None if g else ms for g, ms in zip(generate, data.chunk_ms, strict=True)]
+    model = PerChunk(size=2)
+    model.fit(Measured(x, data.ttft_ms, data.tokenize_ms, chunk_ms))
+    assert model.timed == [BACKEND_CODES["chunkpilot"]]
+    members = model.members(x)
+    assert np.array_equal(members[:, generate], model.untimed.members(x[generate]))
+    summed = replace(model, timed=list(BACKEND_CODES.values()))  # every plan as the sum of its chunks
+    assert np.array_equal(members[:, ~generate], summed.members(x[~generate]))
+    unseen = x[:3].copy()
+    unseen[:, FEATURES.index("backend")] = BACKEND_CODES["llama.cpp"]  # never profiled: whole plans too
+    assert np.array_equal(model.members(unseen), model.untimed.members(unseen))
+    loaded = PerChunk.load(tmp_path, model.save(tmp_path))
+    assert np.array_equal(loaded.members(x), members)
+
+
 def test_gate_promotes_only_a_strictly_better_model():
     assert judge(0.02, None).alias == "champion"
     assert judge(0.02, ("3", 0.05)).alias == "champion"
@@ -185,7 +210,11 @@ def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, mon
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--data", str(small_dataset), *QUICK_ARGS]) == 0
-    assert "as champion" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "as champion" in said.out
+    # the stages as they go, on stderr: each policy's folds, the final fit, the gate
+    assert f"recipes {DEFAULT}: " in said.err and "hand-rule: fold " in said.err
+    assert f"fitting {DEFAULT} on all" in said.err and "the promotion gate" in said.err
     version = MlflowClient(tracking_uri=mlflow_server).get_model_version_by_alias(MODEL_NAME, "champion")
     import mlflow
     import pandas as pd
@@ -210,8 +239,9 @@ def test_search_starts_from_the_defaults_and_keeps_the_best_trial(small_dataset)
 
 
 def test_a_champion_of_an_older_chunkpilot_is_replaced(tmp_path):
-    """After an upgrade that changes the features (or registers recipes), the old champion cannot
-    serve (the service refuses to load it, saying why); the gate replaces it without re-measuring it."""
+    """After an upgrade that changes the features or the recipe's format (or registers recipes), the
+    old champion cannot serve (the service refuses to load it, saying why); the gate replaces it
+    without re-measuring it."""
     from mlflow import MlflowClient
 
     from training.promotion import gate
@@ -226,10 +256,15 @@ def test_a_champion_of_an_older_chunkpilot_is_replaced(tmp_path):
     def remeasure(recipe):
         raise AssertionError("an old champion's recipe is not re-measured")
 
-    verdict = gate(
-        client, {"all": 0.2}, {"name": DEFAULT}, (10, 0), remeasure, "context_length,chunk_size,global_tokens"
-    )
-    assert verdict.alias == "champion" and "trained by an older ChunkPilot" in verdict.reason
-    client.log_param(run.info.run_id, "lgbm_params", "{}")  # the features match, but it is no recipe
-    verdict = gate(client, {"all": 0.2}, {"name": DEFAULT}, (10, 0), remeasure, "context_length,chunk_size")
-    assert verdict.alias == "champion" and "no recipe" in verdict.reason
+    client.log_param(run.info.run_id, "recipe_format", "1")
+
+    def verdict(features: str, recipe_format: str = "1"):
+        compatible = {"features": features, "recipe_format": recipe_format}
+        return gate(client, {"all": 0.2}, {"name": DEFAULT}, (10, 0), remeasure, compatible)
+
+    assert verdict("context_length,chunk_size,global_tokens").alias == "champion"
+    assert "trained by an older ChunkPilot" in verdict("context_length,chunk_size,global_tokens").reason
+    assert verdict("context_length,chunk_size", recipe_format="2").alias == "champion"  # saved otherwise
+    client.log_param(run.info.run_id, "lgbm_params", "{}")  # features and format match, but it is no recipe
+    assert verdict("context_length,chunk_size").alias == "champion"
+    assert "no recipe" in verdict("context_length,chunk_size").reason

@@ -16,6 +16,7 @@ from chunkpilot.recipe import load_recipe
 from .baselines import Baseline, HeldOutPolicy
 from .data import Table, every_candidate, telemetry_since
 from .metrics import METRICS, records, summarize_regret
+from .progress import Stage
 from .served import choose_groups
 from .slices import Fold
 
@@ -34,10 +35,11 @@ def fitted(make: Callable[[], Baseline]) -> Fit:
 
 
 def cross_validate(
-    fit: Fit, table: Table, slices: dict[str, list[Fold]]
+    fit: Fit, table: Table, slices: dict[str, list[Fold]], stage: Stage | None = None
 ) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
     """Policy name -> (records of every held-out config in every fold of every slice, and the
-    held-out TTFT predictions of policies that make them). A config can appear in several slices."""
+    held-out TTFT predictions of policies that make them). A config can appear in several slices;
+    `stage` hears of each fold done."""
     frames: dict[str, list] = defaultdict(list)
     predictions: dict[str, list] = defaultdict(list)
     for name, folds in slices.items():
@@ -56,6 +58,8 @@ def cross_validate(
                             }
                         )
                     )
+            if stage is not None:
+                stage.fold_done(name)
     return {
         n: (
             pd.concat(f, ignore_index=True),

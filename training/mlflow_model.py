@@ -1,29 +1,58 @@
-"""The registered recipe as an MLflow model (pyfunc, logged from this file as code rather than as a
-pickle): its artifact is the recipe's folder, read by chunkpilot.recipe.load_recipe, the same
-function the service and the cross-validation call. The registry and the UI show it as one model."""
+"""The registered recipe as an MLflow model that stands alone (pyfunc, logged from this file as
+code, never a pickle, with the packages it imports as `code_paths`): `mlflow.pyfunc.load_model` or
+`mlflow models serve -m models:/chunk-size-predictor@champion` answer a request as the service
+does, by the same chunkpilot.decision.decide at the request's exact length (what the service's
+decision table holds). It carries the bottom package, which imports no torch."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import mlflow.models
 import mlflow.pyfunc
-import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from pydantic import ValidationError
 
+from chunkpilot.contract import ChunkRequest, ConfigError
+from chunkpilot.decision import Infeasible, decide
 from chunkpilot.recipe import load_recipe
-from chunkpilot.registry import RECIPE
+from chunkpilot.registry import HARDWARE_FILE, RECIPE
+
+NESTED = ("model", "attention", "hardware", "candidates")  # objects or lists: a row may give them as JSON text
+
+
+def request_of(row: int, record: dict) -> ChunkRequest:
+    """One row of the input as the contract's request; a bad one raises naming the row and the field."""
+    given = {k: v for k, v in record.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    for name in NESTED:
+        if isinstance(given.get(name), str) and given[name].lstrip()[:1] in ("{", "["):
+            given[name] = json.loads(given[name])
+    try:
+        return ChunkRequest.model_validate(given)
+    except ValidationError as exc:
+        raise ConfigError.of(exc, f"row {row}") from None
 
 
 class RecipeModel(mlflow.pyfunc.PythonModel):
-    """predict: a frame of feature rows (columns chunkpilot.features.FEATURES, one row per candidate)
-    -> each candidate's predicted TTFT in ms."""
+    """predict: one request per row (the fields of the service's POST /v1/chunk-size as columns)
+    -> one decision per row (chunkpilot.decision.ROW's columns)."""
 
     def load_context(self, context) -> None:
         self.recipe = load_recipe(Path(context.artifacts[RECIPE]))
+        self.hardware = json.loads(Path(context.artifacts[HARDWARE_FILE]).read_text())
 
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> np.ndarray:
-        return np.exp(self.recipe.members(model_input.to_numpy(dtype=float)).mean(0))
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        try:
+            rows = [
+                decide(self.recipe, self.hardware, request_of(i, record)).row()
+                for i, record in enumerate(model_input.to_dict("records"))
+            ]
+        except (ConfigError, Infeasible) as exc:  # a 400 naming the field, not a traceback
+            raise MlflowException.invalid_parameter_value(str(exc)) from None
+        return pd.DataFrame(rows)
 
 
 mlflow.models.set_model(RecipeModel())

@@ -103,7 +103,7 @@ def gate(
     recipe: dict,
     rows: tuple[int, int],
     remeasure: Callable[[dict], dict[str, float]],
-    features: str,
+    compatible: dict[str, str],
 ) -> Verdict:
     """The promotion gate for a freshly trained model; `recipe` its name and params (the RECIPE run
     param), `rows` (profiled rows, telemetry prefills) of its data. Another recipe is scored against
@@ -112,8 +112,8 @@ def gate(
     promoted: profiles are measured the careful way and it has seen more of the machines it serves.
     Retrained on more telemetry, single and noisy prefills, it becomes the challenger: `settle`
     promotes it once it has beaten the champion on this machine's prefills that came after it. A
-    champion trained on other `features`, or registered before recipes (an older ChunkPilot), cannot
-    serve and is replaced."""
+    champion whose run params differ from `compatible` (other features, another recipe format) or
+    that was registered before recipes (an older ChunkPilot) cannot serve and is replaced."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -121,11 +121,11 @@ def gate(
     except MlflowException:
         return judge(new["all"], None)
     run = client.get_run(version.run_id).data.params
-    if run.get("features") != features or RECIPE not in run:
+    if any(run.get(name) != value for name, value in compatible.items()) or RECIPE not in run:
         return Verdict(
             CHAMPION,
-            f"champion v{version.version} was trained by an older ChunkPilot (other features "
-            "or no recipe) and cannot serve this one's requests",
+            f"champion v{version.version} was trained by an older ChunkPilot (other features, another "
+            "recipe format or no recipe) and cannot serve this one's requests",
             version.version,
             None,
         )
@@ -158,7 +158,9 @@ def gate(
 MIN_BUCKETS = 3  # configs with both models' choices measured before a challenger is judged on telemetry
 
 
-def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]], features: str) -> str | None:
+def settle(
+    client, compare: Callable[[str, str, float], tuple[float, float, int]], compatible: dict[str, str]
+) -> str | None:
     """Judge a waiting challenger (a version newer than the champion) against the champion on this
     machine's prefills that finished after the challenger was registered, which neither model has
     seen: `compare(challenger, champion, since_ms)` gives their mean regrets and the number of
@@ -173,8 +175,10 @@ def settle(client, compare: Callable[[str, str, float], tuple[float, float, int]
         return None
     if int(challenger.version) <= int(champion.version) or challenger.tags.get(WAITS) != "true":
         return None
-    if {client.get_run(v.run_id).data.params.get("features") for v in (champion, challenger)} != {features}:
-        return None  # trained on other features than this ChunkPilot builds: the gate replaces them
+    for v in (champion, challenger):
+        params = client.get_run(v.run_id).data.params
+        if any(params.get(name) != value for name, value in compatible.items()):
+            return None  # trained by another ChunkPilot (features, recipe format): the gate replaces them
     theirs, ours, buckets = compare(str(challenger.version), str(champion.version), challenger.creation_timestamp)
     name, held = f"challenger v{challenger.version}", f"champion v{champion.version}"
     if buckets < MIN_BUCKETS:

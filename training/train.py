@@ -5,33 +5,36 @@ DEFAULT unless asked otherwise) on all data, log it as one MLflow model and regi
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+import chunkpilot
 from chunkpilot import registry
 from chunkpilot.cache import user_cache_dir
 from chunkpilot.dataset import LISTS, DataError
-from chunkpilot.features import FEATURES
 from chunkpilot.fleet import Gathered, gather
-from chunkpilot.recipe import DEFAULT, FEATURE_SET, RECIPES, Recipe, make_recipe
+from chunkpilot.recipe import COMPATIBLE, DEFAULT, RECIPES, Recipe, make_recipe
 from chunkpilot.tracking import log_input, quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots, promotion
 from .baselines import baselines
 from .crossval import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
 from .data import Table, load_table
+from .progress import Progress
 from .promotion import Verdict
 from .search import search, slice_regrets
 from .served import fit_recipes, served_fit
 from .slices import make_slices
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the recipe as an MLflow model, logged as code
+MODEL_PACKAGES = (chunkpilot,)  # what its code imports, carried in the model (code_paths)
+MODEL_REQUIREMENTS = ("lightgbm", "numpy", "pandas", "pydantic", "PyYAML")  # what that imports
 
 # what the registered recipe is judged beside, each its own run: (every baseline?, the other recipes).
 # `all` is the training table; `recipes` drops the baselines that take minutes (the demo, the closed
@@ -112,7 +115,7 @@ def recipe_description(recipe: Recipe, data: dict) -> dict:
         "cost_model": recipe.cost.kind,
         "members": recipe.cost.size,
         "do_no_harm_z": recipe.chooser.z,
-        "features": ",".join(FEATURE_SET),
+        **COMPATIBLE,
         **data,
     }
 
@@ -135,6 +138,17 @@ def version_description(recipe: Recipe, data: dict, metrics: dict[str, dict[str,
         f"{heldout['mean_regret']:.1%}, p95 {heldout['p95_regret']:.1%}, within 5% {heldout['within_5pct']:.0%}, "
         f"TTFT saved vs the hand rule {heldout['saved_vs_rule']:.0%} and vs fixed 1024 "
         f"{heldout['saved_vs_1024']:.0%} of what the measured best saves."
+    )
+
+
+def model_example(hardware: dict) -> pd.DataFrame:
+    """Two requests about a machine of the training data: the model's input example in the MLflow UI."""
+    machine = {"hardware_id": next(iter(hardware))}
+    return pd.DataFrame(
+        [
+            {"context_length": 4096, "model": "llama-tiny", "hardware": machine, "threads": 2},
+            {"context_length": 8000, "model": "mistral-44m", "attention": {"window": 1024}, "hardware": machine},
+        ]
     )
 
 
@@ -167,17 +181,19 @@ def _log_model(
         mlflow.log_figure(figure, name)
         plots.plt.close(figure)
     _log_dataset(table, source)
+    hardware = hardware_table(table.rows)
     with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
         folder = recipe.save(Path(tmp) / registry.RECIPE)
-        example = pd.DataFrame(table.x[:3], columns=list(FEATURES))  # one feature row per candidate
-        signature = mlflow.models.infer_signature(example, np.exp(recipe.members(table.x[:3]).mean(0)))
+        (Path(tmp) / registry.HARDWARE_FILE).write_text(json.dumps(hardware))
         info = mlflow.pyfunc.log_model(
             name="model",
             python_model=str(MODEL_CODE),
-            artifacts={registry.RECIPE: str(folder)},
+            artifacts={registry.RECIPE: str(folder), registry.HARDWARE_FILE: str(Path(tmp) / registry.HARDWARE_FILE)},
+            code_paths=[str(Path(package.__file__).parent) for package in MODEL_PACKAGES],
             registered_model_name=registry.MODEL_NAME,
-            signature=signature,
-            pip_requirements=["lightgbm", "numpy"],
+            signature=registry.model_signature(),
+            input_example=model_example(hardware),
+            pip_requirements=[f"{name}=={importlib.metadata.version(name)}" for name in MODEL_REQUIREMENTS],
         )
     return str(info.registered_model_version)
 
@@ -190,29 +206,36 @@ def train(
     source: str | None = None,
     recipe: str = DEFAULT,
     compare: str = "all",
+    progress: Progress | None = None,
 ) -> TrainResult:
     """Cross-validate `recipe` and what `compare` (COMPARE) names beside it on the same slices, each
     its own run; then fit `recipe` on all rows, pass the gate, log and register. `params`:
     LightGBM's, over the cost models' defaults; `source`: where the data came from, for the runs'
-    lineage."""
+    lineage; `progress`: where the stages are told (None: nowhere)."""
     source = source or str(data)
     import mlflow
     from mlflow import MlflowClient
 
     start = time.monotonic()
+    progress = progress or Progress(None)
     lgbm = dict(params or {})
     table = load_table(data)
     slices = make_slices(table.configs)
     if not slices:
         raise DataError("data", f"{data}: the configs differ in nothing that can be held out")
+    folds = sum(map(len, slices.values()))
+    progress.say(f"{len(table.rows)} rows, {table.rows.group.nunique()} configs; {folds} folds in {', '.join(slices)}")
     trials: list[dict] = []
     if search_minutes > 0:
+        progress.say(f"searching LightGBM parameters for {search_minutes:g} min")
         lgbm, trials = search(recipe, lgbm, table, slices, search_minutes)
     every_baseline, recipes = COMPARE[compare]
     judged, compared = {}, {policy.name: policy for policy in baselines(every_baseline)}
     for policy in compared.values():
-        judged.update(cross_validate(fitted(lambda p=policy: p), table, slices))
-    judged.update(cross_validate(served_fit(list(dict.fromkeys([recipe, *recipes])), lgbm), table, slices))
+        judged.update(cross_validate(fitted(lambda p=policy: p), table, slices, progress.stage(policy.name, folds)))
+    served = list(dict.fromkeys([recipe, *recipes]))
+    stage = progress.stage(f"recipes {', '.join(served)}", folds)
+    judged.update(cross_validate(served_fit(served, lgbm), table, slices, stage))
     frames = {name: frame for name, (frame, _) in judged.items()}
     metrics = {name: slice_metrics(frame) for name, frame in frames.items()}
     roles = {name: "recipe" if name in RECIPES else "baseline" for name in judged}
@@ -233,17 +256,19 @@ def train(
                 mlflow.log_metrics(flat(metrics[name]))
                 _log_dataset(table, source)
         new = {name: m["mean_regret"] for name, m in metrics[recipe].items()}
+        progress.say(f"fitting {recipe} on all {len(table.rows)} rows")
         with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
             final = fit_recipes([recipe], lgbm, table, Path(tmp))[recipe]
+        progress.say("the promotion gate, then logging and registering the model")
         with promotion.one_promoter(tracking_uri()):  # a second retrain on this store judges after this one
-            settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), ",".join(FEATURE_SET))
+            settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), COMPATIBLE)
             verdict = promotion.gate(
                 client,
                 new,
                 {"name": final.name, **final.params},
                 _row_counts(table),
                 lambda theirs: slice_regrets(theirs, table, slices),
-                ",".join(FEATURE_SET),
+                COMPATIBLE,
             )
             with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
                 mlflow.log_metrics(flat(metrics[recipe]))
@@ -273,6 +298,7 @@ def train_from_tracking(
     search_minutes: float = 0.0,
     recipe: str = DEFAULT,
     compare: str = "all",
+    progress: Progress | None = None,
 ) -> tuple[Gathered, TrainResult]:
     """`train` on every partition the fleet published to the tracking server (chunkpilot/fleet.py):
     each machine's profiled configs and the services' telemetry batches."""
@@ -283,7 +309,7 @@ def train_from_tracking(
         with quiet_mlflow():
             gathered = gather(MlflowClient(uri), Path(tmp) / "ttft", user_cache_dir() / "partitions")
         source = f"{uri} ({len(gathered.runs)} publishing runs)"
-        return gathered, train(gathered.root, experiment, params, search_minutes, source, recipe, compare)
+        return gathered, train(gathered.root, experiment, params, search_minutes, source, recipe, compare, progress)
 
 
 def train_and_report(
@@ -295,11 +321,11 @@ def train_and_report(
     compare: str = "all",
 ) -> str:
     """What `chunkpilot train`, `retrain` and the demo print: trained on the folder `data`, or
-    (None) on what the fleet published to the tracking server."""
+    (None) on what the fleet published to the tracking server; the stages meanwhile on stderr."""
     if data is None:
-        gathered, result = train_from_tracking(experiment, params, search_minutes, recipe, compare)
+        gathered, result = train_from_tracking(experiment, params, search_minutes, recipe, compare, Progress())
         return f"{_format_gathered(gathered)}\n{format_result(result)}"
-    return format_result(train(data, experiment, params, search_minutes, recipe=recipe, compare=compare))
+    return format_result(train(data, experiment, params, search_minutes, None, recipe, compare, Progress()))
 
 
 def _format_gathered(gathered: Gathered) -> str:

@@ -1,0 +1,105 @@
+"""One request's decision by a recipe: its feasible candidates, a feature row per candidate on its
+machine (a profiled machine's own descriptors where the model has them), the chooser's pick, and
+the hand rule's size among them. The service (predictor.model) and the registered MLflow model
+(training/mlflow_model.py) both decide through `decide`, so they answer alike."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
+from .contract import ChunkRequest, Hardware
+from .features import build
+from .recipe import Choice, Recipe
+
+
+class Infeasible(ValueError):
+    """A request the model cannot answer; the message says why (422), `reason` names the kind
+    (counted by reason in /metrics)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:
+    """Descriptor fields for the features: a profiled machine's own measurement at exactly this
+    dtype and thread count (what the model was trained on) wins; otherwise the request's fields,
+    over the profiled machine's nearest setting, if any. `table`: hardware_id -> {"static": {...},
+    "descriptors": {"dtype/threads": {...}}}, as training logs it with the model."""
+    found: dict = {}
+    given = hardware.model_dump(exclude={"hardware_id"}, exclude_none=True)
+    machine = table.get(hardware.hardware_id) if hardware.hardware_id is not None else None
+    if machine is None and not hardware.described:
+        raise Infeasible(
+            f"hardware.hardware_id {hardware.hardware_id!r} was not profiled (known: "
+            f"{', '.join(table) or 'none'}); give its descriptors instead",
+            "unknown_hardware",
+        )
+    if machine is not None:
+        measured = {tuple(k.split("/")): v for k, v in machine["descriptors"].items()}
+        same_dtype = [k for k in measured if k[0] == dtype] or list(measured)
+        nearest = min(same_dtype, key=lambda k: (abs(int(k[1]) - threads), k))
+        found = {**machine["static"], **measured[nearest]}
+        if nearest == (dtype, str(threads)):
+            return {**given, **found}
+    return {**found, **{k: v for k, v in given.items() if v or k not in found}}
+
+
+def candidates(request: ChunkRequest) -> list[int]:
+    """The request's sizes (or the defaults) that fit its prompt and layout, cut to them."""
+    n, att = request.context_length, request.attention
+    asked = tuple(request.candidates or DEFAULT_CHUNKS)
+    chosen, _ = feasible_chunks(asked, n, att.window, att.layout)
+    if not chosen:
+        limit = max_chunk(n, att.window, att.layout)
+        why = f"the context ({n})" if limit == n else f"the ring window ({att.window}) and the context ({n})"
+        sizes = ", ".join(str(size) for size in asked)  # "full" sits among the numbers
+        raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}", "no_feasible_candidate")
+    return chosen
+
+
+def rule_size(request: ChunkRequest, chunks: list[int]) -> int:
+    """The hand rule's size among `chunks`."""
+    att = request.attention
+    return rule_candidate(chunks, request.context_length, att.window, att.layout)
+
+
+def feature_rows(table: dict, request: ChunkRequest, chunks: list[int]) -> np.ndarray:
+    """[chunks, FEATURES]: the request on its machine (resolve_hardware), one row per size."""
+    hw = resolve_hardware(table, request.hardware, request.dtype, request.threads)
+    return build({**request.row(hw), "chunk_size": chunks})
+
+
+# a decision as one row of the registered MLflow model's output: column -> MLflow type
+ROW = {"chunk_size": "long", "predicted_ttft_ms": "double", "rule_chunk_size": "long", "deferred": "boolean"}
+
+
+@dataclass(frozen=True)
+class Decided:
+    chunks: list[int]  # the feasible candidates
+    rule: int  # the hand rule's index among them
+    x: np.ndarray  # [candidates, FEATURES]
+    choice: Choice
+    ms: list[float]  # [candidates] predicted TTFT
+
+    def row(self) -> dict:
+        """The decision as the MLflow model answers it (ROW's columns)."""
+        i = self.choice.index
+        values = (self.chunks[i], self.ms[i], self.chunks[self.rule], self.choice.deferred)
+        return dict(zip(ROW, values, strict=True))
+
+
+def decide(recipe: Recipe, table: dict, request: ChunkRequest) -> Decided:
+    """The recipe's decision for `request` at exactly its length (Infeasible when it has none)."""
+    chunks = candidates(request)
+    rule = chunks.index(rule_size(request, chunks))
+    x = feature_rows(table, request, chunks)
+    choice = recipe.pick(x, rule)
+    ms = np.exp(choice.log_ms).tolist()
+    if not all(map(math.isfinite, ms)):
+        raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
+    return Decided(chunks, rule, x, choice, ms)
