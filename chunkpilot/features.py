@@ -159,9 +159,20 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     return x
 
 
+def prefill_flops(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
+    """[rows] the prompt's own FLOPs whatever its chunking: projections and MLP over every token,
+    and each query against the keys before it within the window, and itself (what one-token chunks
+    attend); what an achieved GFLOP/s divides (bench/efficiency.py, `chunkpilot prefill`). `rows`:
+    INPUT_COLUMNS as `build` takes them, the chunk size aside."""
+    n = np.atleast_1d(_numbers(rows["context_length"]))
+    x = build({**rows, "chunk_size": np.ones(len(n))})
+    return (x[:, _LINEAR] + x[:, _ATTENTION]) * 1e9
+
+
 def base_log_ms(x: np.ndarray) -> np.ndarray:
     """The analytic estimate the model corrects: log(compute + per-call overhead + 1 ms)."""
     return np.log(x[:, _COMPUTE] + x[:, _OVERHEAD] + 1.0)
 
 
 _COMPUTE, _OVERHEAD = FEATURES.index("compute_ms"), FEATURES.index("overhead_ms")
+_LINEAR, _ATTENTION = FEATURES.index("linear_gflop"), FEATURES.index("attention_gflop")

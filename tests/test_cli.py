@@ -34,6 +34,8 @@ def test_json_for_every_preset(capsys, preset):
     parts = run["tokenize_ms"] + run["decision_ms"] + run["prefill_ms"] + run["first_decode_ms"]
     assert parts <= run["ttft_ms"] and run["kv_cache_bytes"] > 0 and run["peak_memory_bytes"] > 0
     assert report["runtime"]["allocator"].startswith("glibc mallopt")
+    efficiency = report["efficiency"]  # the prompt's own FLOPs over the median prefill, beside the matmul peak
+    assert 0 < efficiency["prefill_gflops"] < math.inf and efficiency["matmul_gflops"] > 0
 
 
 @pytest.fixture(scope="module")

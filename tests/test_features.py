@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chunkpilot.contract import BACKENDS
-from chunkpilot.features import FEATURES, INPUT_COLUMNS, MONOTONE, build, keys_sum
+from chunkpilot.features import FEATURES, INPUT_COLUMNS, MONOTONE, build, keys_sum, linear_flops, prefill_flops
 
 
 def keys_sum_loop(n: int, c: int, window: float) -> float:
@@ -65,6 +66,17 @@ def test_one_row_per_input_row_in_feature_order():
     assert x.shape == (3, len(FEATURES)) and len(MONOTONE) == len(FEATURES)
     named = dict(zip(FEATURES, x[0], strict=True))
     assert named["num_chunks"] == 6 and named["last_chunk"] == 4096 - 5 * 768 and named["has_window"] == 1
+
+
+def test_a_prompt_s_own_flops_count_each_query_against_the_keys_its_mask_keeps_whatever_the_chunking():
+    layers, heads, hd = 12, 8, 64
+    linear = linear_flops(4096, layers, 512, heads, 4, hd, 1536)
+    causal = 4096 * 4097 / 2  # query i sees keys 0..i
+    windowed = 1024 * 1025 / 2 + (4096 - 1024) * 1025  # causal up to the window, then the window and itself
+    full, window = prefill_flops(row(window=0, layout="none", chunk_size=64)), prefill_flops(row(sinks=0))
+    assert full[0] == pytest.approx(linear + 4 * heads * hd * layers * causal, rel=1e-12)
+    assert window[0] == pytest.approx(linear + 4 * heads * hd * layers * windowed, rel=1e-12)
+    assert prefill_flops(row(sinks=0, chunk_size=4096)) == window  # the size the row ran at counts for nothing
 
 
 def test_window_only_on_local_layers_of_interleaved_models():

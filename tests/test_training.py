@@ -218,12 +218,16 @@ def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, mon
     version = MlflowClient(tracking_uri=mlflow_server).get_model_version_by_alias(MODEL_NAME, "champion")
     import mlflow
     import pandas as pd
-
-    from chunkpilot.features import FEATURES
+    from mlflow.exceptions import MlflowException
 
     served = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")  # the recipe as one MLflow model
-    rows = pd.DataFrame(load_table(small_dataset).x[:3], columns=list(FEATURES))
-    assert str(version.version) == "1" and (served.predict(rows) > 0).all()
+    hardware = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
+    requests = pd.DataFrame([{"context_length": n, "model": "llama-tiny", "hardware": hardware} for n in (300, 3000)])
+    decided = served.predict(requests)  # one decision per request
+    assert str(version.version) == "1" and decided.chunk_size.between(1, 3000).all()
+    assert decided.rule_chunk_size.tolist() == [300, 768]  # the hand rule: one shot, then 768
+    with pytest.raises(MlflowException, match=r"row 0\.attention: is not valid JSON"):
+        served.predict(requests.assign(attention='{"window": '))
     assert not (tmp_path / "mlruns").exists()  # everything went to the server
 
 

@@ -29,7 +29,10 @@ def request_of(row: int, record: dict) -> ChunkRequest:
     given = {k: v for k, v in record.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
     for name in NESTED:
         if isinstance(given.get(name), str) and given[name].lstrip()[:1] in ("{", "["):
-            given[name] = json.loads(given[name])
+            try:
+                given[name] = json.loads(given[name])
+            except ValueError as exc:
+                raise ConfigError(f"row {row}.{name}", f"is not valid JSON: {exc}") from None
     try:
         return ChunkRequest.model_validate(given)
     except ValidationError as exc:
