@@ -57,7 +57,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--max-rounds", default="40", help="most measuring rounds of the comparison (at least 5 unless fewer)"
     )
     parser.add_argument(
-        "--minutes", default="9.5", help="the demo's time budget: the comparison adds rounds while they fit in it"
+        "--minutes", default="13", help="the demo's time budget: the comparison adds rounds while they fit in it"
     )
     add_fields(parser, Settings, SERVICE_FLAGS)
 

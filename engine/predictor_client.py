@@ -266,7 +266,7 @@ class InProcessPolicy(Observing):
         super().close()
 
     def decide(self, request: RequestFeatures) -> Decision:
-        from chunkpilot.decision import Infeasible
+        from chunkpilot.pick import Infeasible
 
         try:
             answer = self.predictor.answer(ask(request, self.hardware, self.schedule)).response

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
-from chunkpilot.decision import Infeasible
+from chunkpilot.pick import Infeasible
 from chunkpilot.version import installed_version
 
 from . import routes

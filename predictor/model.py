@@ -1,6 +1,6 @@
 """The served recipe: the champion's cost model and chooser (chunkpilot.recipe, loaded by the same
 function as training's cross-validation), the hardware it was trained on, and the answer for one
-request around its decision (chunkpilot.decision: the MLflow model's too): the top candidates,
+request around its decision (chunkpilot.pick: the MLflow model's too): the top candidates,
 exploring's gains, a schedule, the decision table and the budget.
 This machine's correction learns from each accepted outcome (chunkpilot.correction) without a
 retrain. No torch, no transformers, no pandas in the hot path.
@@ -21,8 +21,8 @@ from chunkpilot.chunks import max_chunk
 from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
-from chunkpilot.decision import candidates, decide, feature_rows, resolve_hardware, rule_size
 from chunkpilot.features import base_log_ms
+from chunkpilot.pick import candidates, feature_rows, pick, resolve_hardware, rule_size
 from chunkpilot.recipe import Recipe, load_recipe
 
 from .answer import Answer, Gain
@@ -119,8 +119,8 @@ class Predictor:
         return answer
 
     def _exact(self, request: ChunkRequest) -> Answer:
-        decided = decide(self.recipe, self.hardware, request)
-        chunks, choice, ms, n = decided.chunks, decided.choice, decided.ms, request.context_length
+        picked = pick(self.recipe, self.hardware, request)
+        chunks, choice, ms, n = picked.chunks, picked.choice, picked.ms, request.context_length
         best = choice.index
         order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
         candidate = [Candidate(chunk_size=c, predicted_ttft_ms=m) for c, m in zip(chunks, ms, strict=True)]
@@ -139,13 +139,13 @@ class Predictor:
             att = request.attention
             limit = max_chunk(n, att.window, att.layout)
             ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
-            planned = best_schedule(self.recipe.chunk_ms, decided.x[0], n, ranked, limit)
+            planned = best_schedule(self.recipe.chunk_ms, picked.x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]
         response = ChunkResponse(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
             top=[candidate[i] for i in order[:TOP]],
-            rule=candidate[decided.rule],
+            rule=candidate[picked.rule],
             model_version=self.version,
             source="model",
             schedule=schedule,

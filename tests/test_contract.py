@@ -12,8 +12,8 @@ import pytest
 
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ConfigError, ModelShape
 from chunkpilot.dataset import read_file
-from chunkpilot.decision import resolve_hardware
 from chunkpilot.features import INPUT_COLUMNS, build
+from chunkpilot.pick import resolve_hardware
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "ttft" / "cpu-shipped"
 

@@ -25,7 +25,7 @@ from servers import answers, free_port, mlflow_server, postgres, serve, serve_pr
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest
-from chunkpilot.decision import Infeasible
+from chunkpilot.pick import Infeasible
 from chunkpilot.registry import MODEL_NAME
 from engine.predictor_client import AutoPolicy, Breaker
 from engine.workload import Workload

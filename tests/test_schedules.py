@@ -12,8 +12,8 @@ from servers import serve
 
 from chunkpilot.chunks import max_chunk, uniform
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
-from chunkpilot.decision import resolve_hardware
 from chunkpilot.features import build
+from chunkpilot.pick import resolve_hardware
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from engine.policy import FixedPolicy
 from engine.predictor_client import AutoPolicy, InProcessPolicy

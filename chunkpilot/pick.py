@@ -1,7 +1,7 @@
-"""One request's decision by a recipe: its feasible candidates, a feature row per candidate on its
+"""One request's pick by a recipe: its feasible candidates, a feature row per candidate on its
 machine (a profiled machine's own descriptors where the model has them), the chooser's pick, and
 the hand rule's size among them. The service (predictor.model) and the registered MLflow model
-(training/mlflow_model.py) both decide through `decide`, so they answer alike."""
+(training/mlflow_model.py) both pick through `pick`, so they answer alike."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ ROW = {"chunk_size": "long", "predicted_ttft_ms": "double", "rule_chunk_size": "
 
 
 @dataclass(frozen=True)
-class Decided:
+class Picked:
     chunks: list[int]  # the feasible candidates
     rule: int  # the hand rule's index among them
     x: np.ndarray  # [candidates, FEATURES]
@@ -93,7 +93,7 @@ class Decided:
         return dict(zip(ROW, values, strict=True))
 
 
-def decide(recipe: Recipe, table: dict, request: ChunkRequest) -> Decided:
+def pick(recipe: Recipe, table: dict, request: ChunkRequest) -> Picked:
     """The recipe's decision for `request` at exactly its length (Infeasible when it has none)."""
     chunks = candidates(request)
     rule = chunks.index(rule_size(request, chunks))
@@ -102,4 +102,4 @@ def decide(recipe: Recipe, table: dict, request: ChunkRequest) -> Decided:
     ms = np.exp(choice.log_ms).tolist()
     if not all(map(math.isfinite, ms)):
         raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
-    return Decided(chunks, rule, x, choice, ms)
+    return Picked(chunks, rule, x, choice, ms)
