@@ -37,8 +37,8 @@ MODEL_PACKAGES = (chunkpilot,)  # what its code imports, carried in the model (c
 MODEL_REQUIREMENTS = ("lightgbm", "numpy", "pandas", "pydantic", "PyYAML")  # what that imports
 
 # what the registered recipe is judged beside, each its own run: (every baseline?, the other recipes).
-# `all` is the training table; `recipes` drops the baselines that take minutes (the demo, the closed
-# loop); `quick` keeps only the baselines a user compares against (a scheduled retrain, the tests)
+# `all` is the training table; `recipes` drops the baselines that take minutes (the closed loop);
+# `quick` keeps only the baselines a user compares against (the demo, a scheduled retrain, the tests)
 COMPARE: dict[str, tuple[bool, tuple[str, ...]]] = {
     "all": (True, tuple(RECIPES)),
     "recipes": (False, tuple(RECIPES)),
