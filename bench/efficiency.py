@@ -29,7 +29,7 @@ def efficiency(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for key, config in rows.groupby("config_key"):
         best = config.loc[config.ttft_ms.idxmin()]
-        one_shot = config[config.chunk_size >= config.context_length]
+        one_shot = config[config.is_full]
         out.append(
             {
                 **{name: best[name] for name in GROUP},

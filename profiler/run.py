@@ -13,17 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from chunkpilot.clock import clock
 from chunkpilot.dataset import LISTS, finished_keys, write_config
 from chunkpilot.fleet import HARDWARE_TAG, PROFILING_EXPERIMENT, SPEC_TAG, Publisher
 
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
 from .worker import Worker, WorkerError
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def describe(config: ProfileConfig) -> str:
@@ -127,8 +123,8 @@ def run_profile(
                     remaining = min(remaining, max(deadline - time.time(), 0))
                 best = rows.loc[rows.ttft_ms.idxmin()]
                 print(
-                    f"[{i + 1:>4}/{len(plan)} {100 * (i + 1) / len(plan):3.0f}%] {_clock(elapsed)} elapsed, "
-                    f"ETA {_clock(remaining)} | {describe(config)}: best {best.chunk_size} of {len(rows)} "
+                    f"[{i + 1:>4}/{len(plan)} {100 * (i + 1) / len(plan):3.0f}%] {clock(elapsed)} elapsed, "
+                    f"ETA {clock(remaining)} | {describe(config)}: best {best.chunk_size} of {len(rows)} "
                     f"({best.ttft_ms:.1f} ms, cv {statistics.median(rows.ttft_cv):.0%})"
                     + (" NOISY" if rows.noisy.iloc[0] else ""),
                     file=sys.stderr,

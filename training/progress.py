@@ -8,12 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from chunkpilot.clock import clock
+
 EVERY_S = 10.0  # at most one line per this many seconds within a stage, and its last fold
-
-
-def clock(seconds: float) -> str:
-    minutes, s = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
 
 
 @dataclass

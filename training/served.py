@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.chunks import length_cell, rule_candidate, segments
+from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import INPUT_COLUMNS, build
 from chunkpilot.recipe import Recipe, load_recipe, make_recipe
 
@@ -68,7 +69,7 @@ class Served:
 
 def fit_recipes(names: list[str], lgbm: dict, train: Table, folder: Path) -> dict[str, Recipe]:
     """Each named recipe fitted on `train`, saved under `folder`/name and loaded back; one fit per
-    kind of cost model."""
+    kind of cost model (the per-chunk model's per-candidate twin counts as that kind's)."""
     fitted = {}
     out = {}
     for name in names:
@@ -76,6 +77,8 @@ def fit_recipes(names: list[str], lgbm: dict, train: Table, folder: Path) -> dic
         kind = recipe.cost.kind
         if kind not in fitted:
             fitted[kind] = recipe.fit(train.measured).cost
+            if isinstance(fitted[kind], PerChunk):  # its twin is the per-candidate model of the same rows and params
+                fitted.setdefault(fitted[kind].untimed.kind, fitted[kind].untimed)
         out[name] = load_recipe(Recipe(name, fitted[kind], recipe.chooser).save(folder / name))
     return out
 
