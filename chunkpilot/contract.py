@@ -23,7 +23,7 @@ from .chunks import MAX_CONTEXT, chunk_count, clamp_chunk, max_chunk
 Family = Literal["llama", "mistral", "qwen2", "gemma3"]
 Layout = Literal["shift", "ring"]
 Dtype = Literal["float32", "bfloat16"]
-AttnImpl = Literal["sdpa", "eager"]
+AttnImpl = Literal["sdpa", "eager", "split"]
 # what runs the prefill: the bundled engine, stock transformers generate(), a llama.cpp context
 Backend = Literal["chunkpilot", "transformers", "llama.cpp"]
 FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS, BACKENDS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl, Backend))

@@ -27,7 +27,7 @@ INPUT_COLUMNS = (
 # fmt: on
 LAYOUT_CODES = {NO_WINDOW: 0, "shift": 1, "ring": 2}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-ATTN_CODES = {"sdpa": 0, "eager": 1}
+ATTN_CODES = {"sdpa": 0, "eager": 1, "split": 2}
 BACKEND_CODES = {"chunkpilot": 0, "transformers": 1, "llama.cpp": 2}
 # how a model runs and on what: the features that, with the shape, make a kind of request
 RUNTIME = (

@@ -1,9 +1,12 @@
-"""Masks built from token positions, and the attention function that applies them.
+"""The attention function registered with transformers' `AttentionInterface`, in three kernels.
 
-The function is registered with transformers' `AttentionInterface` and wraps transformers' own
-sdpa and eager kernels: the model's q/k/v projections, RoPE and kernels stay untouched, only the
-mask comes from here. Masks are built from the positions each cache layer reports, because the
-model's own mask builder assumes keys sit in position order, which the ring layout breaks.
+`sdpa` and `eager` wrap transformers' own kernels with a dense mask [1, 1, Q, K] built here from the
+positions each cache layer reports (the model's own mask builder assumes keys sit in position
+order, which the ring layout breaks). A dense mask makes PyTorch's CPU flash kernel compute every
+key, hidden or not. `split` computes only what a query sees: the keys are cut into blocks that are
+either wholly visible (no mask) or a causal triangle (`is_causal`, which the kernel skips blocks
+of), each block attended with the CPU flash kernel, which also returns the log-sum-exp, and the
+blocks merged by it (vLLM's `merge_attn_states`). The model's q/k/v projections and RoPE stay untouched.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .kv_cache import RingLayer
 
 ATTN_NAME = "chunkpilot"
 
@@ -59,8 +64,91 @@ class StepMasks:
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]  # [1, 1, Q, K]
 
 
+Block = tuple[torch.Tensor, torch.Tensor, slice]  # (out [B, H, q, D], lse [B, H, q], the queries it covers)
+
+
+def _flash(query, key, value, causal: bool, scale: float, mask: torch.Tensor | None = None):
+    """query [B, Hk*g, q, D], key/value [B, Hk, k, D] -> (out [B, H, q, D] fp32, lse [B, H, q] fp32).
+    A block without a mask folds the g query heads of a key head into rows, so grouped keys are never
+    copied; a causal or masked block is small (at most a chunk) and repeats them."""
+    batch, heads, q_len, dim = query.shape
+    groups = heads // key.shape[1]
+    if groups > 1 and not causal and mask is None:
+        folded = query.reshape(batch, key.shape[1], groups * q_len, dim)  # [B, Hk, g*q, D]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(folded, key, value, scale=scale)
+        return out.reshape(batch, heads, q_len, -1).float(), lse.reshape(batch, heads, q_len).float()
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, causal, attn_mask=mask, scale=scale
+    )
+    return out.float(), lse.float()
+
+
+def _merge(blocks: list[Block], shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """Blocks over subsets of the queries -> their softmax over the union of keys [B, H, Q, D]."""
+    lse = torch.full(shape[:3], float("-inf"))  # [B, H, Q]
+    for _, block_lse, rows in blocks:
+        lse[:, :, rows] = torch.logaddexp(lse[:, :, rows], block_lse)
+    out = torch.zeros(*shape[:3], blocks[0][0].shape[-1])
+    for block_out, block_lse, rows in blocks:
+        out[:, :, rows] += block_out * (block_lse - lse[:, :, rows]).exp()[..., None]
+    return out.to(dtype)
+
+
+def split_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer, query_positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """query [B, H, Q, D] at positions s..s+Q-1; key/value [B, Hk, K, D] as the layer's update returned
+    them: sinks and global copies first, then the window's keys (the ring's in slot order), which end
+    with the chunk -> [B, H, Q, D]."""
+    window, sinks = layer.window, layer.sinks.size
+    positions, is_global = layer.key_positions, layer.key_global
+    extra = int((is_global | (positions < sinks)).sum()) if window is not None else 0
+    blocks: list[Block] = []
+    if extra:  # sinks and global copies: a few keys, each with its own rule, so a small mask [Q, E]
+        allowed = visible(query_positions, positions[:extra], window, sinks, is_global[:extra])
+        if allowed.any():
+            mask = torch.zeros(allowed.shape, dtype=query.dtype).masked_fill_(~allowed, float("-inf"))
+            out, lse = _flash(query, key[:, :, :extra], value[:, :, :extra], False, scale, mask[None, None])
+            blocks.append((out, lse.masked_fill(~allowed.any(-1), float("-inf")), slice(None)))
+    keys, values, run = key[:, :, extra:], value[:, :, extra:], positions[extra:]
+    if isinstance(layer, RingLayer):  # slots wrap: put the window's keys in position order
+        order = run.argsort()
+        keys, values, run = keys.index_select(2, order), values.index_select(2, order), run[order]
+    if not run.numel():  # a chunk of sinks only
+        return _merge(blocks, query.shape, query.dtype)
+    first, end = int(run[0]), int(query_positions[-1]) + 1
+    start = max(int(query_positions[0]), first)  # queries before the window's first key are sinks
+    tile = end - start if window is None else min(end - start, window)
+    offset = start - int(query_positions[0])
+    for a in range(start, end, tile):  # query tiles [a, b): each sees keys in (a - window, b)
+        b = min(a + tile, end)
+        rows = slice(a - start + offset, b - start + offset)
+        q = query[:, :, rows]
+        at = lambda lo, hi: (keys[:, :, lo - first : hi - first], values[:, :, lo - first : hi - first])  # noqa: E731
+        blocks.append((*_flash(q, *at(a, b), True, scale), rows))  # the tile's own keys: causal
+        lo = first if window is None else max(b - window, first)
+        if lo < a:  # keys every query of the tile sees
+            blocks.append((*_flash(q, *at(lo, a), False, scale), rows))
+        edge = max(a - window + 1, first) if window is not None else b
+        if window is not None and edge < b - window:
+            # keys in [a-W+1, b-W): query a+i sees those from a+i-W+1 on, an anti-causal triangle;
+            # reversing queries (all but the tile's last, which sees none) and keys makes it causal
+            k, v = at(edge, b - window)
+            out, lse = _flash(q[:, :, :-1].flip(2), k.flip(2), v.flip(2), True, scale)
+            blocks.append((out.flip(2), lse.flip(2), slice(rows.start, rows.stop - 1)))
+    return _merge(blocks, query.shape, query.dtype)
+
+
 def chunk_attention(module, query, key, value, attention_mask, *, chunk_step: StepMasks, **kwargs):
-    """Registered as `chunkpilot`: the step's mask, then transformers' sdpa or the model's eager."""
+    """Registered as `chunkpilot`: the split kernel, or the step's mask then transformers' sdpa or
+    the model's eager."""
+    if chunk_step.attn_impl == "split":
+        layer = chunk_step.layers[module.layer_idx]
+        scale = kwargs.get("scaling") or module.scaling
+        out = split_attention(query, key, value, layer, chunk_step.query_positions, scale)
+        return out.transpose(1, 2).contiguous(), None  # [B, Q, H, D], as transformers' kernels return
     mask = chunk_step.for_layer(module.layer_idx)
     if chunk_step.attn_impl == "sdpa":
         return sdpa_attention_forward(module, query, key, value, mask, **kwargs)

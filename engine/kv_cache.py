@@ -65,6 +65,8 @@ class Globals:
 
     def copy(self, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
         """Store the chunk's global tokens; the chunk holds positions start.. ."""
+        if not len(self.positions):  # no global tokens: skip the search (two host syncs on a GPU)
+            return
         n = keys.shape[-2]
         lo, hi = (int(i) for i in torch.searchsorted(self.positions, torch.tensor([start, start + n])))
         if lo == hi:

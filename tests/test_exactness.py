@@ -57,7 +57,7 @@ def check(engine, attention, chunk, kernel, n=N, atol=1e-4, global_positions=())
         torch.cat([ids, first[None]], 1),
         attention.window,
         attention.sinks,
-        kernel,
+        "eager" if kernel == "eager" else "sdpa",  # split and sdpa against transformers' sdpa
         global_positions,
     )
     for mine, theirs in ((got, ref[n - 1]), (got_next, ref[n])):
@@ -75,16 +75,20 @@ def assert_same_choice(got: torch.Tensor, ref: torch.Tensor, atol: float) -> Non
         assert ref[got.argmax()] >= top[0] - 2 * atol
 
 
+KERNELS = ["split", "sdpa"]  # blocks merged by log-sum-exp; the dense mask
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("preset", presets())
 @pytest.mark.parametrize("attn_name", list(ATTENTION))
-def test_chunked_prefill_matches_one_forward_fp32(engines, preset, attn_name):
+def test_chunked_prefill_matches_one_forward_fp32(engines, preset, attn_name, kernel):
     engine, attention = engines(preset), ATTENTION[attn_name]
     for chunk in CHUNKS:
         if attention.layout == "ring" and chunk > W:
             with pytest.raises(ConfigError, match="chunk_size"):
                 attention.check_chunk(chunk)
             continue
-        check(engine, attention, chunk, "sdpa")
+        check(engine, attention, chunk, kernel)
 
 
 @pytest.mark.parametrize("preset", presets(["mistral-44m", "gemma3-interleaved"]))
@@ -98,13 +102,14 @@ def test_eager_kernel_matches_too(engines, preset, attn_name):
 SCHEDULES = {"shift": [[W + 8, W, 7, 7, 1, 9], [1, 7, W, 40]], "ring": [[W, 7, 1, W, 8, W], [1, 1, 7, 7, W, W, W]]}
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("preset", presets(FAMILIES))
 @pytest.mark.parametrize("attn_name", list(ATTENTION))
-def test_a_schedule_matches_one_forward(engines, preset, attn_name):
+def test_a_schedule_matches_one_forward(engines, preset, attn_name, kernel):
     attention = ATTENTION[attn_name]
     for schedule in SCHEDULES["ring" if attention.layout == "ring" and attention.window else "shift"]:
         assert sum(schedule) == N
-        check(engines(preset), attention, schedule, "sdpa")
+        check(engines(preset), attention, schedule, kernel)
 
 
 BF16_ATOL = 0.05  # bf16 keeps 8 bits of mantissa; different chunkings round differently
@@ -112,9 +117,10 @@ BF16_ATOL = 0.05  # bf16 keeps 8 bits of mantissa; different chunkings round dif
 
 @pytest.mark.parametrize("preset", presets(["mistral-44m", "qwen2-gqa", "gemma3-interleaved"]))
 @pytest.mark.parametrize("attn_name", ["full", "shift+sinks", "ring+sinks"])
-def test_bf16_same_argmax_within_tolerance(engines, preset, attn_name):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_bf16_same_argmax_within_tolerance(engines, preset, attn_name, kernel):
     for chunk in (7, W):
-        check(engines(preset, "bfloat16"), ATTENTION[attn_name], chunk, "sdpa", atol=BF16_ATOL)
+        check(engines(preset, "bfloat16"), ATTENTION[attn_name], chunk, kernel, atol=BF16_ATOL)
 
 
 def test_ring_memory_does_not_grow_with_context(engines):
@@ -138,12 +144,13 @@ def test_ring_memory_does_not_grow_with_context(engines):
     window=st.integers(1, 40),
     sinks=st.integers(0, 6),
     layout=st.sampled_from(["shift", "ring"]),
+    kernel=st.sampled_from(KERNELS),
     data=st.data(),
 )
-def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, data):
+def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, kernel, data):
     max_chunk = min(n, window) if layout == "ring" else n
     chunk = data.draw(st.integers(1, max_chunk), label="chunk")
-    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), chunk, "sdpa", n=n)
+    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), chunk, kernel, n=n)
 
 
 @settings(max_examples=30, deadline=None)
@@ -151,28 +158,30 @@ def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, data)
     cuts=st.lists(st.integers(1, 79), max_size=12, unique=True),
     sinks=st.integers(0, 6),
     layout=st.sampled_from(["shift", "ring"]),
+    kernel=st.sampled_from(KERNELS),
 )
-def test_any_schedule(engines, cuts, sinks, layout):
+def test_any_schedule(engines, cuts, sinks, layout, kernel):
     """Chunk boundaries anywhere in an 80-token prompt (a ring needs each chunk <= its window)."""
     bounds = [0, *sorted(cuts), 80]
     schedule = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
     window = max(schedule) if layout == "ring" else 12
-    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), schedule, "sdpa", n=80)
+    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), schedule, kernel, n=80)
 
 
 # global tokens before the window, inside it, at its edge and in the last chunk; some also sinks
 GLOBALS = (0, 2, 5, 9, 20, 37, 50, 63)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("preset", presets(FAMILIES))
 @pytest.mark.parametrize("attn_name", list(ATTENTION))
-def test_global_tokens_match_one_forward(engines, preset, attn_name):
+def test_global_tokens_match_one_forward(engines, preset, attn_name, kernel):
     """Selective SWA: chosen tokens stay visible to every later query on the windowed layers."""
     attention = ATTENTION[attn_name]
     for chunk in CHUNKS:
         if attention.layout == "ring" and chunk > W:
             continue
-        check(engines(preset), attention, chunk, "sdpa", global_positions=GLOBALS)
+        check(engines(preset), attention, chunk, kernel, global_positions=GLOBALS)
 
 
 @pytest.mark.parametrize("attn_name", ["shift+sinks", "ring"])
@@ -203,10 +212,11 @@ def test_ring_memory_is_bounded_by_window_sinks_and_globals(engines):
     sinks=st.integers(0, 6),
     layout=st.sampled_from(["shift", "ring"]),
     globals_=st.lists(st.integers(0, 79), max_size=10),
+    kernel=st.sampled_from(KERNELS),
     data=st.data(),
 )
-def test_any_global_tokens(engines, n, window, sinks, layout, globals_, data):
+def test_any_global_tokens(engines, n, window, sinks, layout, globals_, kernel, data):
     max_chunk = min(n, window) if layout == "ring" else n
     chunk = data.draw(st.integers(1, max_chunk), label="chunk")
     attention = AttentionConfig(window=window, layout=layout, sinks=sinks)
-    check(engines("llama-tiny"), attention, chunk, "sdpa", n=n, global_positions=tuple(globals_))
+    check(engines("llama-tiny"), attention, chunk, kernel, n=n, global_positions=tuple(globals_))
