@@ -23,10 +23,14 @@ from .chunks import MAX_CONTEXT, chunk_count, clamp_chunk, max_chunk
 Family = Literal["llama", "mistral", "qwen2", "gemma3"]
 Layout = Literal["shift", "ring"]
 Dtype = Literal["float32", "bfloat16"]
-AttnImpl = Literal["sdpa", "eager", "split"]
+# split: only the keys a query sees, blocks merged by log-sum-exp (the bundled engine on a CPU);
+# masked: a dense mask [Q, K] through PyTorch's SDPA, every key computed; eager: the model's own kernel
+AttnImpl = Literal["split", "masked", "eager"]
 # what runs the prefill: the bundled engine, stock transformers generate(), a llama.cpp context
 Backend = Literal["chunkpilot", "transformers", "llama.cpp"]
 FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS, BACKENDS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl, Backend))
+
+
 NO_WINDOW = "none"  # the dataset's and the spec's layout without a window (the contract's is window=None)
 MAX_CANDIDATES = 64
 MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
@@ -62,6 +66,21 @@ class ConfigError(ValueError):
         if kind not in ("missing", "extra_forbidden"):
             message += f"; got {error['input']!r}"
         return cls(".".join(path) or "value", message)
+
+
+def default_attn_impl(backend: Backend, device: str = "cpu") -> AttnImpl:
+    """split where it runs (the bundled engine on a CPU: torch's CPU flash kernel with log-sum-exp),
+    else the dense mask."""
+    return "split" if backend == "chunkpilot" and device == "cpu" else "masked"
+
+
+def check_attn_impl(attn_impl: AttnImpl, backend: Backend, device: str = "cpu") -> None:
+    if attn_impl == "split" and default_attn_impl(backend, device) != "split":
+        raise ConfigError(
+            "attn_impl",
+            f"split runs in the chunkpilot backend on cpu (torch's CPU flash kernel); for backend {backend} "
+            f"on {device} use masked or eager",
+        )
 
 
 def number(
@@ -263,11 +282,23 @@ class RequestFeatures(Contract):
     )
     dtype: Dtype = Field(default="float32", description="the weights' and activations' type: " + ", ".join(DTYPES))
     threads: int = Field(default=1, ge=1, le=1024, description="threads the prefill runs on")
-    attn_impl: AttnImpl = Field(default="sdpa", description="the attention kernel: " + ", ".join(ATTN_IMPLS))
+    attn_impl: AttnImpl = Field(
+        default="split",
+        description="the attention kernel: " + ", ".join(ATTN_IMPLS) + " (split only in the chunkpilot backend; "
+        "masked is the default of the others)",
+    )
     backend: Backend = Field(default="chunkpilot", description="what runs the prefill: " + ", ".join(BACKENDS))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_s_kernel(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "attn_impl" not in data and data.get("backend", "chunkpilot") != "chunkpilot":
+            return {**data, "attn_impl": default_attn_impl(data["backend"])}
+        return data
 
     @model_validator(mode="after")
     def _known_preset(self) -> RequestFeatures:
+        check_attn_impl(self.attn_impl, self.backend)
         if isinstance(self.model, str) and self.model not in PRESETS:
             raise ConfigError("model", f"must be a preset ({', '.join(PRESETS)}) or shape fields; got {self.model!r}")
         return self

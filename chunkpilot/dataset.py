@@ -42,8 +42,8 @@ from chunkpilot.contract import (
 from chunkpilot.paths import inside
 
 # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
-# version; older files read
-HARNESS_VERSION = "5"
+# version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it; older files read
+HARNESS_VERSION = "6"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
 TELEMETRY_PREFIX = "telemetry-"  # their config keys
@@ -58,7 +58,7 @@ SCHEMA = pa.schema(
         ("head_dim", _int), ("intermediate_size", _int), ("vocab_size", _int), ("global_every", _int),
         ("parameters", _int), ("tie_embeddings", _bool), ("context_length", _int), ("window", _int),
         ("layout", _str), ("sinks", _int), ("global_tokens", _int), ("dtype", _str), ("threads", _int),
-        ("attn_impl", _str), ("backend", _str), ("backend_version", _str),
+        ("attn_impl", _str), ("backend", _str), ("backend_version", _str), ("compiled", _bool),
         # the hardware it ran on
         ("hardware_id", _str), ("device_kind", _str), ("device_name", _str), ("cores", _int),
         ("l2_cache_bytes", _int), ("l3_cache_bytes", _int), ("memory_bytes", _int),
@@ -71,6 +71,9 @@ SCHEMA = pa.schema(
         ("ttft_repeats_ms", pa.list_(_float)), ("prefill_repeats_ms", pa.list_(_float)),
         ("chunk_ms", pa.list_(_float)),
         ("kv_cache_bytes", _int), ("peak_memory_bytes", _int),
+        # the prompt's own FLOPs (chunkpilot.features.prefill_flops) over the median prefill, and the
+        # best matmul GFLOP/s the measuring process reached (engine.hardware.matmul_peak)
+        ("prefill_gflops", _float), ("matmul_peak_gflops", _float),
         ("noisy", _bool), ("remeasured", _int),
         ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC")),
         ("harness_version", _str),
@@ -84,6 +87,7 @@ LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset s
 # columns older files (and the profiler's, for the telemetry ones) lack, and what such a row reads as
 OPTIONAL = {
     **dict.fromkeys(("chunk_ms", "tie_embeddings", "backend_version", "decision_source", "model_version", "explored")),
+    **dict.fromkeys(("compiled", "prefill_gflops", "matmul_peak_gflops")),
     "global_tokens": 0,
     "backend": "chunkpilot",
 }
@@ -96,8 +100,10 @@ _DATASET_ONLY = {
     "parameters": (1, False), "num_chunks": (1, False), "last_chunk": (1, False), "memory_bytes": (0, False),
     "ttft_iqr_ms": (0, False), "ttft_cv": (0, False), "repeats": (1, False), "kv_cache_bytes": (0, False),
     "peak_memory_bytes": (0, False), "remeasured": (0, False),
+    "prefill_gflops": (0, True), "matmul_peak_gflops": (0, True),
 }
 # fmt: on
+_NULLABLE = ("prefill_gflops", "matmul_peak_gflops")  # rows of older files and telemetry have none
 
 
 def _bounds() -> dict[str, tuple[float, bool, float | None]]:
@@ -134,6 +140,8 @@ def validate(df: pd.DataFrame, where: str) -> None:
             if column not in values:  # an optional column an older file lacks
                 continue
             v = values[column]
+            if column in _NULLABLE and (v is None or (isinstance(v, float) and math.isnan(v))):
+                continue
             if v is None or (isinstance(v, float) and math.isnan(v)) or (v <= low if strict else v < low):
                 raise DataError(column, f"{where} row {i}: must be {'>' if strict else '>='} {low}, got {v!r}")
             if high is not None and v > high:

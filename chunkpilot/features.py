@@ -27,7 +27,7 @@ INPUT_COLUMNS = (
 # fmt: on
 LAYOUT_CODES = {NO_WINDOW: 0, "shift": 1, "ring": 2}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-ATTN_CODES = {"sdpa": 0, "eager": 1, "split": 2}
+ATTN_CODES = {"masked": 0, "eager": 1, "split": 2}
 BACKEND_CODES = {"chunkpilot": 0, "transformers": 1, "llama.cpp": 2}
 # how a model runs and on what: the features that, with the shape, make a kind of request
 RUNTIME = (
@@ -75,6 +75,14 @@ def linear_flops(tokens: Num, layers: Num, d: Num, heads: Num, kv: Num, hd: Num,
     """Projections and MLP over `tokens` tokens: 2 FLOPs per weight per token (the profiler's time
     model uses it too)."""
     return 2 * tokens * layers * (2 * d * heads * hd + 2 * d * kv * hd + 3 * d * ff)
+
+
+def visible_sum(q: Num, h: Num, window: Num) -> Num:
+    """Sum over a chunk's q queries, after h tokens of history, of the keys each sees: query i sees
+    min(h + i + 1, window) (window = inf: no limit). What attention must compute at the least, and
+    all that the split kernel computes (engine/attention.py). Closed form."""
+    t = np.clip(window - h, 0, q)  # queries whose keys all fit the window
+    return t * h + t * (t + 1) / 2 + (q - t) * np.minimum(window, q + h)  # no query past it without a window
 
 
 def history_sum(n: Num, c: Num, window: Num) -> Num:
@@ -165,7 +173,7 @@ def prefill_flops(rows: Mapping[str, np.ndarray | list | float | str]) -> np.nda
     attend); what an achieved GFLOP/s divides (bench/efficiency.py, `chunkpilot prefill`). `rows`:
     INPUT_COLUMNS as `build` takes them, the chunk size aside."""
     n = np.atleast_1d(_numbers(rows["context_length"]))
-    x = build({**rows, "chunk_size": np.ones(len(n))})
+    x = build({**rows, "chunk_size": np.ones(len(n)), "matmul_gflops": 1.0})  # FLOPs: whatever the machine
     return (x[:, _LINEAR] + x[:, _ATTENTION]) * 1e9
 
 

@@ -16,8 +16,10 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def choices(annotation: object) -> tuple[str, ...] | None:
-    """A Literal's values (the field's allowed spellings), else None."""
-    return get_args(annotation) if get_origin(annotation) is Literal else None
+    """A Literal's values (the field's allowed spellings), also of an optional Literal, else None."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return next(filter(None, (choices(member) for member in get_args(annotation))), None)
 
 
 def bounds(model: type[BaseModel], name: str) -> str:

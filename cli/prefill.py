@@ -104,16 +104,18 @@ def run(args: argparse.Namespace) -> int:
 
 def efficiency(engine, attention, report: dict) -> dict:
     """The prefill's achieved GFLOP/s (the prompt's own FLOPs, chunkpilot.features.prefill_flops,
-    over its median time) beside this machine's matmul peak at the engine's dtype and threads (the
-    profiler's microbenchmark, measured once into the per-user cache, as `auto` describes it)."""
+    over its median time) beside this machine's matmul peak at the engine's dtype and threads,
+    measured in this process (engine.hardware.matmul_peak, as the profiler records it per row)."""
     from chunkpilot.contract import AttentionConfig
     from chunkpilot.features import prefill_flops
+    from engine.hardware import matmul_peak
 
     att = AttentionConfig(attention.window, attention.layout, attention.sinks, report["global_tokens"])
     hardware = engine.hardware()
     row = engine.request(report["context_length"], att).row(hardware.model_dump())
     gflops = float(prefill_flops(row)[0]) / 1e9 / (report["median"]["prefill_ms"] / 1e3)
-    return {"prefill_gflops": gflops, "matmul_gflops": hardware.matmul_gflops}
+    peak = matmul_peak(engine.config.dtype, engine.runtime.threads, engine.config.device)
+    return {"prefill_gflops": gflops, "matmul_peak_gflops": peak}
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
@@ -157,10 +159,10 @@ def format_report(report: dict) -> str:
             f"{label:<10}{r['tokenize_ms']:>10.1f}{r['decision_ms']:>9.2f}{r['prefill_ms']:>11.1f}"
             f"{r['first_decode_ms']:>9.1f}{r['ttft_ms']:>11.1f}"
         )
-    achieved, peak = report["efficiency"]["prefill_gflops"], report["efficiency"]["matmul_gflops"]
+    achieved, peak = report["efficiency"]["prefill_gflops"], report["efficiency"]["matmul_peak_gflops"]
     lines.append(
         f"compute   {achieved:.1f} GFLOP/s in the prefill (median), {achieved / peak:.0%} of this machine's "
-        f"matmul peak ({peak:.0f} GFLOP/s at {cfg['dtype']}, {rt['threads']} threads)"
+        f"matmul peak ({peak:.0f} GFLOP/s at {cfg['dtype']}, {rt['threads']} threads, measured now)"
     )
     chunk_ms = report["repeats"][-1]["chunk_ms"]
     shown = " ".join(f"{ms:.0f}" for ms in chunk_ms[:12]) + (" ..." if len(chunk_ms) > 12 else "")

@@ -1,12 +1,13 @@
 """The attention function registered with transformers' `AttentionInterface`, in three kernels.
 
-`sdpa` and `eager` wrap transformers' own kernels with a dense mask [1, 1, Q, K] built here from the
-positions each cache layer reports (the model's own mask builder assumes keys sit in position
-order, which the ring layout breaks). A dense mask makes PyTorch's CPU flash kernel compute every
-key, hidden or not. `split` computes only what a query sees: the keys are cut into blocks that are
-either wholly visible (no mask) or a causal triangle (`is_causal`, which the kernel skips blocks
-of), each block attended with the CPU flash kernel, which also returns the log-sum-exp, and the
-blocks merged by it (vLLM's `merge_attn_states`). The model's q/k/v projections and RoPE stay untouched.
+`split` (the default on a CPU) computes only what a query sees: the keys are cut into blocks that
+are either wholly visible (no mask) or a causal triangle (`is_causal`, which the kernel skips
+blocks of), each block attended with torch's CPU flash kernel, which also returns the log-sum-exp,
+and the blocks merged by it (vLLM's `merge_attn_states`). `masked` and `eager` wrap transformers'
+own kernels (sdpa, the model's eager) with a dense mask [1, 1, Q, K] built here from the positions
+each cache layer reports (the model's own mask builder assumes keys sit in position order, which
+the ring layout breaks); a dense mask makes PyTorch's CPU flash kernel compute every key, hidden or
+not. The model's q/k/v projections and RoPE stay untouched.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class StepMasks:
     def _build(self, layer) -> torch.Tensor | None:
         q, k = self.query_positions, layer.key_positions
         no_history = k.shape[0] == q.shape[0]  # keys are always the chunk plus whatever history is kept
-        if self.attn_impl == "sdpa" and no_history and (layer.window is None or q.shape[0] <= layer.window):
+        if self.attn_impl == "masked" and no_history and (layer.window is None or q.shape[0] <= layer.window):
             return None  # plain causal: sdpa's is_causal path is about 2x faster than any mask
         allowed = visible(q, k, layer.window, layer.sinks.size, layer.key_global)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=q.device)
@@ -150,7 +151,7 @@ def chunk_attention(module, query, key, value, attention_mask, *, chunk_step: St
         out = split_attention(query, key, value, layer, chunk_step.query_positions, scale)
         return out.transpose(1, 2).contiguous(), None  # [B, Q, H, D], as transformers' kernels return
     mask = chunk_step.for_layer(module.layer_idx)
-    if chunk_step.attn_impl == "sdpa":
+    if chunk_step.attn_impl == "masked":
         return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
     # each modeling file defines its own eager function (Gemma's adds soft-capping): use the model's
     eager = sys.modules[type(module).__module__].eager_attention_forward

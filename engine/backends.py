@@ -43,7 +43,8 @@ class TransformersEngine(Engine):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
-        self.model.set_attn_implementation(config.attn_impl)  # stock attention, as a user has it
+        # stock attention, as a user has it: transformers' sdpa (masked) or its eager
+        self.model.set_attn_implementation({"masked": "sdpa", "eager": "eager"}[config.attn_impl])
 
     @property
     def backend_version(self) -> str:

@@ -3,19 +3,21 @@ builds its options from these fields without loading torch for --help."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
-from chunkpilot.contract import AttnImpl, Backend, ConfigError, Contract, Dtype
+from chunkpilot.contract import AttnImpl, Backend, ConfigError, Contract, Dtype, check_attn_impl, default_attn_impl
 
 
 class EngineConfig(Contract):
     model: str = Field(default="mistral-44m", description="preset, checkpoint folder or JSON/YAML shape file")
     dtype: Dtype = Field(default="float32", description="the weights' and activations' dtype")
     threads: int | None = Field(default=None, ge=1, le=1024, description="torch threads (default: every core)")
-    attn_impl: AttnImpl = Field(
-        default="sdpa",
-        description="attention: sdpa (dense mask, transformers' sdpa), eager (the model's own), "
-        "split (only the visible blocks, merged by log-sum-exp; this engine on cpu)",
+    attn_impl: AttnImpl | None = Field(
+        default=None,
+        description="attention: split (only the visible key blocks, merged by log-sum-exp; the default of this "
+        "engine on cpu), masked (a dense mask through PyTorch's SDPA; the default elsewhere), eager (the model's own)",
     )
     device: str = Field(default="cpu", description="cpu or cuda")
     seed: int = Field(default=0, ge=0, description="seed of random weights (presets and shape files)")
@@ -26,14 +28,18 @@ class EngineConfig(Contract):
         "llama.cpp (a llama_cpp.Llama context on the same weights, written to GGUF)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kernel_for_where_it_runs(cls, data: Any) -> Any:
+        """Unless given, the attention kernel is the one that runs on that backend and device."""
+        if isinstance(data, dict) and data.get("attn_impl") is None:  # None: not given
+            device = "cpu" if str(data.get("device", "cpu")) == "cpu" else "cuda"
+            return {**data, "attn_impl": default_attn_impl(data.get("backend", "chunkpilot"), device)}
+        return data
+
     @model_validator(mode="after")
     def _device_present(self) -> EngineConfig:
-        if self.attn_impl == "split" and (self.backend != "chunkpilot" or self.device != "cpu"):
-            raise ConfigError(
-                "attn_impl",
-                f"split runs in the chunkpilot backend on cpu (its kernel is torch's CPU flash "
-                f"attention); for backend {self.backend} on {self.device} use sdpa or eager",
-            )
+        check_attn_impl(self.attn_impl, self.backend, "cpu" if self.device == "cpu" else "cuda")
         if self.device == "cpu":
             return self
         import torch  # only for another device: the CPU path never needs it here

@@ -212,11 +212,12 @@ class Engine:
     def to_first_token(self, prepared: Prepared, chunks: Sequence[int]) -> Prefilled:
         """The bundled engine's: its own loop over its own KV cache, then the first decode step."""
         t2 = clock_ms(self.device)
-        cache = ChunkCache(self.shape.local_layers, prepared.request.attention, prepared.global_positions)
+        n = prepared.request.context_length
+        cache = ChunkCache(self.shape.local_layers, prepared.request.attention, prepared.global_positions, n + 1)
         logits, chunk_ms = prefill(self.model, cache, prepared.ids, chunks, self.config.attn_impl)
         first = logits.argmax(-1)  # [1]
         t3 = clock_ms(self.device)
-        decode_one_token(self.model, cache, first, prepared.request.context_length, self.config.attn_impl)
+        decode_one_token(self.model, cache, first, n, self.config.attn_impl)
         t4 = clock_ms(self.device)
         return Prefilled(int(first), logits[0].float(), chunk_ms, t3 - t2, t4 - t3, cache.nbytes)
 

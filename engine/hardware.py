@@ -4,6 +4,7 @@ per-call overhead of a tiny forward), so a model can read another machine's rows
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -62,6 +63,26 @@ def measure_descriptors(dtype: str, threads: int, device: str = "cpu") -> dict:
     finally:
         torch.set_num_threads(previous)
     return {"matmul_gflops": gflops, "bandwidth_gbs": bandwidth, "call_overhead_ms": overhead}
+
+
+@functools.cache
+def matmul_peak(dtype: str, threads: int, device: str = "cpu") -> float:
+    """This process's best matmul GFLOP/s at the dtype and threads: the fastest of square products
+    large enough to reach the machine's throughput (the descriptor's single 1024 product is a
+    feature of a machine, measured once and cached; this is the bar a prefill's GFLOP/s is held to,
+    measured where the prefill runs). Measured once per process, a few seconds."""
+    dev = torch.device(device)
+    sizes = (1024, 2048, 3072) if dev.type == "cpu" else (4096, 8192, 16384)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        best = 0.0
+        for size in sizes:
+            a = torch.randn(size, size, dtype=DTYPES[dtype], device=dev)
+            best = max(best, 2 * size**3 / (_median_ms(lambda a=a: a @ a, dev, repeats=3) / 1e3) / 1e9)
+    finally:
+        torch.set_num_threads(previous)
+    return best
 
 
 def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", announce: bool = False) -> dict:

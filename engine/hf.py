@@ -35,7 +35,7 @@ def auto_policy(
 
 def request_features(model: PreTrainedModel, context_length: int) -> RequestFeatures:
     """What a policy decides on for a prompt of `context_length` tokens on `model`."""
-    attn_impl = "eager" if model.config._attn_implementation == "eager" else "sdpa"
+    attn_impl = "eager" if model.config._attn_implementation == "eager" else "masked"
     return RequestFeatures(
         context_length,
         shape_of(model.config),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from chunkpilot.contract import AttentionConfig
 
@@ -101,44 +101,131 @@ class Globals:
 NO_GLOBALS = torch.zeros(0, dtype=torch.long)
 
 
-class FullLayer(DynamicLayer):
-    """transformers' growing layer; its keys are positions 0..n-1."""
+class Buffer:
+    """Keys and values [B, H, slots, D] written in place; the last `keep` tokens of what is stored
+    stay in it. Appending the chunk writes it after them; when the slots run out, the kept tokens
+    move to the front (one copy of `keep` tokens), or the buffer doubles if that leaves too little
+    room. So a key is copied once when written and moved rarely, where a concatenating cache copies
+    its whole history again at every chunk (O(N^2 / c) bytes per prefill without a window)."""
 
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: int) -> None:
+        batch, heads, _, dim = keys.shape
+        self.keys = keys.new_empty(batch, heads, slots, dim)  # [B, H, slots, D]
+        self.values = values.new_empty(batch, heads, slots, values.shape[-1])
+        self.start = self.end = 0  # the stored tokens are slots start..end-1
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the chunk after the last `keep` stored tokens -> (those and the chunk, as views)."""
+        n, slots = keys.shape[-2], self.keys.shape[-2]
+        keep = min(keep, self.end - self.start)
+        if self.end + n > slots:
+            kept = slice(self.end - keep, self.end)
+            old_keys, old_values = self.keys, self.values
+            if keep + n > slots // 2:  # moving would leave too little room before the next move
+                grown = max(2 * slots, keep + n)
+                self.keys = old_keys.new_empty(*old_keys.shape[:2], grown, old_keys.shape[-1])
+                self.values = old_values.new_empty(*old_values.shape[:2], grown, old_values.shape[-1])
+            # clone: a move to the front may overlap its source
+            self.keys[:, :, :keep] = old_keys[:, :, kept].clone()
+            self.values[:, :, :keep] = old_values[:, :, kept].clone()
+            self.start, self.end = 0, keep
+        self.keys[:, :, self.end : self.end + n] = keys
+        self.values[:, :, self.end : self.end + n] = values
+        self.end += n
+        self.start = max(self.start, self.end - keep - n)
+        return self.keys[:, :, self.start : self.end], self.values[:, :, self.start : self.end]
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+class FullLayer(CacheLayerMixin):
+    """Every key at its position 0..n-1, in one buffer sized from `capacity` (the prompt and its
+    first decode step, where the cache is told them), so that a prefill allocates once."""
+
+    is_sliding = False
     window: int | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 0) -> None:
         super().__init__()
+        self.capacity, self.length = capacity, 0
         self.sinks, self.globals = Sinks(0), Globals(NO_GLOBALS)
 
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.buffer = Buffer(key_states, value_states, max(self.capacity, key_states.shape[-2]))
+        self.is_initialized = True
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        keys, values = super().update(key_states, value_states)
-        self.key_positions = torch.arange(keys.shape[-2], device=keys.device)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self.buffer.append(key_states, value_states, keep=self.length)
+        self.length += key_states.shape[-2]
+        self.key_positions = torch.arange(self.length, device=key_states.device)
         self.key_global = torch.zeros_like(self.key_positions, dtype=torch.bool)
-        return keys, values
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1  # grows with the context
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes if self.is_initialized else 0
 
 
-class ShiftLayer(DynamicSlidingWindowLayer):
-    """transformers' shift layout (the last window-1 tokens plus the chunk, so any chunk size fits),
-    extended with sinks (tokens before `sinks` go to the sink store, the rest through the window)
-    and global tokens (copied to their store on the way through)."""
+class ShiftLayer(CacheLayerMixin):
+    """The shift layout (transformers' `DynamicSlidingWindowLayer`): the last window-1 tokens plus the
+    chunk, so any chunk size fits; here in a buffer of twice that, written in place (transformers'
+    concatenates the window and the chunk at every step). Sinks: tokens before `sinks` go to the
+    sink store, the rest through the window; global tokens are copied to their store on the way."""
 
-    def __init__(self, window: int, sinks: int, globals_: torch.Tensor) -> None:
-        super().__init__(sliding_window=window)
-        self.window = window
+    is_sliding = True
+
+    def __init__(self, window: int, sinks: int, globals_: torch.Tensor, capacity: int = 0) -> None:
+        super().__init__()
+        self.window, self.capacity = window, capacity
         self.sinks, self.globals = Sinks(sinks), Globals(globals_)
+        self.cumulative_length = 0  # tokens that went through the window
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        slots = 2 * (self.window - 1 + key_states.shape[-2])
+        self.buffer = Buffer(key_states, value_states, min(slots, self.capacity) if self.capacity else slots)
+        self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         self.globals.copy(key_states, value_states, self.get_seq_length())
         key_states, value_states = self.sinks.take(key_states, value_states)
-        keys, values = super().update(key_states, value_states)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = self.buffer.append(key_states, value_states, keep=self.window - 1)
+        self.keys, self.values = keys, values
+        self.cumulative_length += key_states.shape[-2]
         end = self.sinks.size + self.cumulative_length  # window tokens sit at positions >= sinks.size
         positions = torch.arange(end - keys.shape[-2], end, device=keys.device)
         keys, values, positions = self.sinks.prepend(keys, values, positions)
         keys, values, self.key_positions, self.key_global = self.globals.prepend(keys, values, positions)
         return keys, values
 
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return len(self.globals.kept) + self.sinks.count + min(
+            self.cumulative_length, self.window - 1
+        ) + query_length, 0
+
     def get_seq_length(self) -> int:
         return self.sinks.count + self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes if self.is_initialized else 0
 
 
 class RingLayer(CacheLayerMixin):
@@ -193,29 +280,36 @@ class RingLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return len(self.globals.positions) + self.sinks.size + self.slots
 
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes if self.is_initialized else 0
+
 
 class ChunkCache(Cache):
     """One layer per model layer: windowed layers where the shape is local and a window is set.
-    `global_positions`: tokens the windowed layers keep visible to every later query."""
+    `global_positions`: tokens the windowed layers keep visible to every later query; `capacity`:
+    the tokens the cache will see (prompt and decode steps), so that full layers allocate once and
+    shift layers no more than that (0: unknown, buffers grow)."""
 
     def __init__(
-        self, local_layers: tuple[bool, ...], attention: AttentionConfig, global_positions: Sequence[int] = ()
+        self,
+        local_layers: tuple[bool, ...],
+        attention: AttentionConfig,
+        global_positions: Sequence[int] = (),
+        capacity: int = 0,
     ) -> None:
-        layout = {"shift": ShiftLayer, "ring": RingLayer}[attention.layout]
         globals_ = torch.tensor(sorted({p for p in global_positions if p >= attention.sinks}), dtype=torch.long)
-        super().__init__(
-            layers=[
-                layout(attention.window, attention.sinks, globals_) if local and attention.window else FullLayer()
-                for local in local_layers
-            ]
-        )
+
+        def layer(local: bool) -> CacheLayerMixin:
+            if not (local and attention.window):
+                return FullLayer(capacity)
+            if attention.layout == "ring":
+                return RingLayer(attention.window, attention.sinks, globals_)
+            return ShiftLayer(attention.window, attention.sinks, globals_, capacity)
+
+        super().__init__(layers=[layer(local) for local in local_layers])
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the cache now (keys, values, sinks and global tokens of every layer)."""
-        return sum(
-            (layer.keys.nbytes + layer.values.nbytes if layer.is_initialized else 0)
-            + layer.sinks.nbytes
-            + layer.globals.nbytes
-            for layer in self.layers
-        )
+        return sum(layer.nbytes + layer.sinks.nbytes + layer.globals.nbytes for layer in self.layers)

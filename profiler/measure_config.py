@@ -11,10 +11,12 @@ import pandas as pd
 
 from chunkpilot.chunks import chunk_count, last_chunk
 from chunkpilot.dataset import HARNESS_VERSION
+from chunkpilot.features import prefill_flops
 from engine import runtime
 from engine.backends import open_engine
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.hardware import matmul_peak
 from engine.measure import interleaved, spread
 from engine.policy import FixedPolicy
 
@@ -74,13 +76,17 @@ def measure_config(
         runs = {c: runs[c] + more[c] for c in chunks}
     finished = datetime.now(UTC)
 
+    request_row = engine.request(n, attention).row(hardware)
+    flops = float(prefill_flops(request_row)[0])
     base = {
         "config_key": config.key,
         "spec_name": spec.name,
         "model": config.model,
         "family": engine.shape.family,
         **hardware,
-        **engine.request(n, attention).row(hardware),
+        **request_row,
+        "compiled": engine.config.compile,
+        "matmul_peak_gflops": matmul_peak(config.dtype, config.threads, pool.device),
         "allocator": engine.runtime.allocator,
         "backend_version": engine.backend_version,
         "noisy": cv > spec.cv_threshold,
@@ -102,7 +108,8 @@ def measure_config(
                 "num_chunks": chunk_count(n, c),
                 "last_chunk": last_chunk(n, c),
                 "tokenize_ms": statistics.median(r.tokenize_ms for r in results),
-                "prefill_ms": statistics.median(r.prefill_ms for r in results),
+                "prefill_ms": (prefill_ms := statistics.median(r.prefill_ms for r in results)),
+                "prefill_gflops": flops / 1e9 / (prefill_ms / 1e3),
                 "first_decode_ms": statistics.median(r.first_decode_ms for r in results),
                 "ttft_ms": statistics.median(ttft),
                 "ttft_iqr_ms": iqr,

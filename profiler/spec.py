@@ -14,7 +14,17 @@ import yaml
 from pydantic import Field, model_validator
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
-from chunkpilot.contract import MAX_CONTEXT, AttentionConfig, AttnImpl, Backend, ConfigError, Contract, Dtype
+from chunkpilot.contract import (
+    MAX_CONTEXT,
+    AttentionConfig,
+    AttnImpl,
+    Backend,
+    ConfigError,
+    Contract,
+    Dtype,
+    check_attn_impl,
+    default_attn_impl,
+)
 from engine.workload import Workload
 
 Length = Annotated[int, Field(ge=1, le=MAX_CONTEXT)]
@@ -93,19 +103,20 @@ class Sweep(Contract):
     attention: list[AttentionConfig] = Field(default=[AttentionConfig()], min_length=1)
     dtypes: list[Dtype] = Field(default=["float32"], min_length=1)
     threads: list[Annotated[int, Field(ge=1, le=1024)]] = Field(default=[1], min_length=1)
-    attn_impls: list[AttnImpl] = Field(default=["sdpa"], min_length=1)
+    attn_impls: list[AttnImpl] | None = Field(
+        default=None, min_length=1, description="attention kernels (default: each backend's own on the device)"
+    )
     backends: list[Backend] = Field(default=["chunkpilot"], min_length=1, description="what runs each prefill")
 
-    def configs(self) -> list[ProfileConfig]:
+    def configs(self, device: str = "cpu") -> list[ProfileConfig]:
         lengths = self.contexts.lengths if isinstance(self.contexts, Contexts) else self.contexts
-        levels = itertools.product(
-            self.models, lengths, self.attention, self.dtypes, self.threads, self.attn_impls, self.backends
-        )
+        levels = itertools.product(self.models, lengths, self.attention, self.dtypes, self.threads, self.backends)
         return [
             ProfileConfig(
                 model, n, att.window, att.row_layout, att.sinks, dtype, threads, impl, att.global_tokens, backend
             )
-            for model, n, att, dtype, threads, impl, backend in levels
+            for model, n, att, dtype, threads, backend in levels
+            for impl in self.attn_impls or [default_attn_impl(backend, device)]
         ]
 
 
@@ -125,7 +136,17 @@ class Spec(Contract):
     @cached_property
     def configs(self) -> tuple[ProfileConfig, ...]:
         """Every sweep's configs in order, without duplicates across sweeps."""
-        return tuple(dict.fromkeys(config for sweep in self.sweeps for config in sweep.configs()))
+        return tuple(dict.fromkeys(config for sweep in self.sweeps for config in sweep.configs(self.device)))
+
+    @model_validator(mode="after")
+    def _kernels_run_where_asked(self) -> Spec:
+        for i, sweep in enumerate(self.sweeps):
+            for impl, backend in itertools.product(sweep.attn_impls or [], sweep.backends):
+                try:
+                    check_attn_impl(impl, backend, self.device)
+                except ConfigError as exc:
+                    raise ConfigError(f"sweeps.{i}.attn_impls", exc.message) from None
+        return self
 
     @classmethod
     def from_dict(cls, data: Any) -> Spec:

@@ -32,7 +32,7 @@ def engines():
 
     built: dict = {}
 
-    def get(model: str, dtype: str = "float32", attn_impl: str = "sdpa") -> Engine:
+    def get(model: str, dtype: str = "float32", attn_impl: str | None = None) -> Engine:
         key = (model, dtype, attn_impl)
         if key not in built:
             built[key] = Engine(EngineConfig(model=model, dtype=dtype, attn_impl=attn_impl, threads=2))

@@ -12,7 +12,7 @@ from reference import reference_logits
 
 from chunkpilot.contract import PRESETS, AttentionConfig, ConfigError
 from engine.kv_cache import ChunkCache
-from engine.prefill import decode_one_token, prefill
+from engine.prefill import decode_one_token, forward_step, prefill
 
 N, W, S = 64, 16, 4  # context, window, sinks: the ring (2W slots) wraps twice
 ATTENTION = {
@@ -38,9 +38,11 @@ def presets(names: list[str] | None = None) -> list:
     return [pytest.param(p, marks=() if p in FAST else pytest.mark.slow) for p in names or PRESETS]
 
 
-def chunked(engine, ids, attention, chunk, kernel, global_positions=()):
-    """The engine's path: prefill in chunks, argmax, one decode step -> (prefill logits, decode logits)."""
-    cache = ChunkCache(engine.shape.local_layers, attention, global_positions)
+def chunked(engine, ids, attention, chunk, kernel, global_positions=(), sized=True):
+    """The engine's path: prefill in chunks, argmax, one decode step -> (prefill logits, decode logits).
+    `sized`: the cache is told the tokens to come, as the engine tells it; else its buffers grow."""
+    capacity = ids.shape[1] + 1 if sized else 0
+    cache = ChunkCache(engine.shape.local_layers, attention, global_positions, capacity)
     with torch.inference_mode():
         logits, _ = prefill(engine.model, cache, ids, chunk, kernel)
         first = logits.argmax(-1)
@@ -48,16 +50,16 @@ def chunked(engine, ids, attention, chunk, kernel, global_positions=()):
     return logits[0].float(), decoded[0].float(), first
 
 
-def check(engine, attention, chunk, kernel, n=N, atol=1e-4, global_positions=()):
+def check(engine, attention, chunk, kernel, n=N, atol=1e-4, global_positions=(), sized=True):
     ids = torch.randint(0, engine.shape.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
-    got, got_next, first = chunked(engine, ids, attention, chunk, kernel, global_positions)
+    got, got_next, first = chunked(engine, ids, attention, chunk, kernel, global_positions, sized)
     ref = reference_logits(
         engine.model,
         engine.shape,
         torch.cat([ids, first[None]], 1),
         attention.window,
         attention.sinks,
-        "eager" if kernel == "eager" else "sdpa",  # split and sdpa against transformers' sdpa
+        "eager" if kernel == "eager" else "sdpa",  # split and masked against transformers' sdpa
         global_positions,
     )
     for mine, theirs in ((got, ref[n - 1]), (got_next, ref[n])):
@@ -75,7 +77,7 @@ def assert_same_choice(got: torch.Tensor, ref: torch.Tensor, atol: float) -> Non
         assert ref[got.argmax()] >= top[0] - 2 * atol
 
 
-KERNELS = ["split", "sdpa"]  # blocks merged by log-sum-exp; the dense mask
+KERNELS = ["split", "masked"]  # blocks merged by log-sum-exp; the dense mask
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -123,19 +125,36 @@ def test_bf16_same_argmax_within_tolerance(engines, preset, attn_name, kernel):
         check(engines(preset, "bfloat16"), ATTENTION[attn_name], chunk, kernel, atol=BF16_ATOL)
 
 
-def test_ring_memory_does_not_grow_with_context(engines):
+@pytest.mark.parametrize("layout", ["ring+sinks", "shift+sinks"])
+def test_windowed_memory_does_not_grow_with_context(engines, layout):
+    """A ring holds 2W slots; a shift buffer at most twice the window and a chunk, however long the prompt."""
     engine = engines("llama-tiny")
     sizes = {}
-    for n in (2 * W + 1, 8 * W, 32 * W):
-        cache = ChunkCache(engine.shape.local_layers, ATTENTION["ring+sinks"])
+    for n in (4 * W, 8 * W, 32 * W):  # from 4W on, the shift buffer is not cut to the prompt
+        cache = ChunkCache(engine.shape.local_layers, ATTENTION[layout], capacity=n + 1)
         with torch.inference_mode():
-            prefill(engine.model, cache, torch.zeros(1, n, dtype=torch.long), W, "sdpa")
+            prefill(engine.model, cache, torch.zeros(1, n, dtype=torch.long), W, "split")
         sizes[n] = cache.nbytes
     assert len(set(sizes.values())) == 1, sizes
-    full = ChunkCache(engine.shape.local_layers, ATTENTION["full"])
+    full = ChunkCache(engine.shape.local_layers, ATTENTION["full"], capacity=8 * W + 1)
     with torch.inference_mode():
-        prefill(engine.model, full, torch.zeros(1, 8 * W, dtype=torch.long), W, "sdpa")
+        prefill(engine.model, full, torch.zeros(1, 8 * W, dtype=torch.long), W, "split")
     assert full.nbytes > sizes[8 * W]  # while the full layout grows with the context
+
+
+def test_full_layers_write_every_key_once_into_one_buffer(engines):
+    """Told the tokens to come, a full layer allocates once; every chunk and the decode step write
+    into that buffer in place (the hypothesis tests cover the unsized cache, which doubles)."""
+    engine = engines("llama-tiny")
+    cache = ChunkCache(engine.shape.local_layers, ATTENTION["full"], capacity=N + 1)
+    ids = torch.zeros(1, N, dtype=torch.long)
+    with torch.inference_mode():
+        forward_step(engine.model, cache, ids[:, :7], 0, "split")
+        buffers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers]
+        forward_step(engine.model, cache, ids[:, 7:], 7, "split")
+        decode_one_token(engine.model, cache, ids[0, :1], N, "split")
+    assert [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers] == buffers
+    assert {(layer.length, layer.buffer.keys.shape[-2]) for layer in cache.layers} == {(N + 1, N + 1)}
 
 
 @settings(max_examples=40, deadline=None)
@@ -145,12 +164,14 @@ def test_ring_memory_does_not_grow_with_context(engines):
     sinks=st.integers(0, 6),
     layout=st.sampled_from(["shift", "ring"]),
     kernel=st.sampled_from(KERNELS),
+    sized=st.booleans(),
     data=st.data(),
 )
-def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, kernel, data):
+def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, kernel, sized, data):
     max_chunk = min(n, window) if layout == "ring" else n
     chunk = data.draw(st.integers(1, max_chunk), label="chunk")
-    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), chunk, kernel, n=n)
+    attention = AttentionConfig(window=window, layout=layout, sinks=sinks)
+    check(engines("llama-tiny"), attention, chunk, kernel, n=n, sized=sized)
 
 
 @settings(max_examples=30, deadline=None)
@@ -159,13 +180,16 @@ def test_any_context_chunk_window_sinks(engines, n, window, sinks, layout, kerne
     sinks=st.integers(0, 6),
     layout=st.sampled_from(["shift", "ring"]),
     kernel=st.sampled_from(KERNELS),
+    sized=st.booleans(),
 )
-def test_any_schedule(engines, cuts, sinks, layout, kernel):
-    """Chunk boundaries anywhere in an 80-token prompt (a ring needs each chunk <= its window)."""
+def test_any_schedule(engines, cuts, sinks, layout, kernel, sized):
+    """Chunk boundaries anywhere in an 80-token prompt (a ring needs each chunk <= its window); a
+    schedule whose chunks grow makes an unsized shift buffer move its window, then grow."""
     bounds = [0, *sorted(cuts), 80]
     schedule = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
     window = max(schedule) if layout == "ring" else 12
-    check(engines("llama-tiny"), AttentionConfig(window=window, layout=layout, sinks=sinks), schedule, kernel, n=80)
+    attention = AttentionConfig(window=window, layout=layout, sinks=sinks)
+    check(engines("llama-tiny"), attention, schedule, kernel, n=80, sized=sized)
 
 
 # global tokens before the window, inside it, at its edge and in the last chunk; some also sinks
@@ -188,7 +212,7 @@ def test_global_tokens_match_one_forward(engines, preset, attn_name, kernel):
 def test_global_tokens_with_schedules_and_eager(engines, attn_name):
     attention = ATTENTION[attn_name]
     for schedule in SCHEDULES["ring" if attention.layout == "ring" else "shift"]:
-        check(engines("gemma3-interleaved"), attention, schedule, "sdpa", global_positions=GLOBALS)
+        check(engines("gemma3-interleaved"), attention, schedule, "masked", global_positions=GLOBALS)
     check(engines("mistral-44m"), attention, 7, "eager", global_positions=GLOBALS)
 
 
@@ -200,7 +224,7 @@ def test_ring_memory_is_bounded_by_window_sinks_and_globals(engines):
         globals_ = tuple(range(S, n, n // 8))  # 8 global tokens spread over the prompt
         cache = ChunkCache(engine.shape.local_layers, attention, globals_)
         with torch.inference_mode():
-            prefill(engine.model, cache, torch.zeros(1, n, dtype=torch.long), W, "sdpa")
+            prefill(engine.model, cache, torch.zeros(1, n, dtype=torch.long), W, "masked")
         assert cache.nbytes == layers * (2 * W + S + 8) * per_token, n
 
 

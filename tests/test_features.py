@@ -49,7 +49,7 @@ def row(**change) -> dict:
         parameters=44_000_000,
         dtype="float32",
         threads=2,
-        attn_impl="sdpa",
+        attn_impl="masked",
         backend="chunkpilot",
         matmul_gflops=258.0,
         bandwidth_gbs=60.0,
@@ -96,7 +96,7 @@ def test_window_only_on_local_layers_of_interleaved_models():
     layout=st.sampled_from(["shift", "ring"]),
     every=st.integers(0, 12),
     dtype=st.sampled_from(["float32", "bfloat16"]),
-    attn=st.sampled_from(["sdpa", "eager"]),
+    attn=st.sampled_from(["masked", "eager"]),
     threads=st.integers(1, 64),
     backend=st.sampled_from(BACKENDS),
 )
@@ -126,6 +126,16 @@ def test_history_sum_closed_form_equals_the_loop(n, c, window):
     c = min(c, n)
     expected = sum(min(start, window) for start in range(0, n, c))
     assert history_sum(np.array([n], float), np.array([c], float), np.array([window], float))[0] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(q=st.integers(1, 3000), h=st.integers(0, 20000), window=st.one_of(st.just(math.inf), st.integers(1, 8192)))
+def test_the_keys_a_chunk_s_queries_see_closed_form_equals_the_loop(q, h, window):
+    """What the split kernel computes: query i of a chunk after h tokens sees min(h + i + 1, window) keys."""
+    from chunkpilot.features import visible_sum
+
+    expected = sum(min(h + i + 1, window) for i in range(q))
+    assert visible_sum(np.array([q], float), np.array([h], float), np.array([window], float))[0] == expected
 
 
 @settings(max_examples=100, deadline=None)

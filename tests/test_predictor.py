@@ -179,7 +179,7 @@ def test_oversized_body_is_refused(server):
 
 
 def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> RequestFeatures:
-    return RequestFeatures(n, PRESETS["llama-tiny"], AttentionConfig(window, layout), "float32", 2, "sdpa")
+    return RequestFeatures(n, PRESETS["llama-tiny"], AttentionConfig(window, layout), "float32", 2, "masked")
 
 
 def test_auto_asks_once_per_length_or_table_segment_then_uses_its_cache(server):

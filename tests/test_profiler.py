@@ -87,7 +87,7 @@ def test_bad_spec_names_the_field(change, field):
 
 
 def test_infeasible_candidates_are_skipped_with_a_reason():
-    ring = ProfileConfig("llama-tiny", 300, 128, "ring", 0, "float32", 1, "sdpa")
+    ring = ProfileConfig("llama-tiny", 300, 128, "ring", 0, "float32", 1, "masked")
     chunks, skipped = ring.candidates((64, 128, 256, 512, "full"))
     assert chunks == [64, 128]
     assert skipped == [
@@ -95,7 +95,7 @@ def test_infeasible_candidates_are_skipped_with_a_reason():
         "512: larger than the context (300)",
         "full: ring layout needs chunk <= window (128)",
     ]
-    shift = ProfileConfig("llama-tiny", 300, 128, "shift", 0, "float32", 1, "sdpa")
+    shift = ProfileConfig("llama-tiny", 300, 128, "shift", 0, "float32", 1, "masked")
     assert shift.candidates((64, 256, 512, "full"))[0] == [64, 256, 300]
 
 
@@ -145,7 +145,7 @@ def fixture_rows(key: str, n: int, ttft: dict[int, float], window: int = 0, layo
         sinks=0,
         dtype="float32",
         threads=1,
-        attn_impl="sdpa",
+        attn_impl="masked",
         hardware_id="abc",
         device_kind="cpu",
         device_name="test cpu",
