@@ -1,8 +1,12 @@
-"""How close the engine's prefills come to this machine's matmul peak: for every profiled config,
-the prompt's own FLOPs (chunkpilot.features.prefill_flops: projections, MLP and the attention its
-mask keeps, whatever the chunking) over the prefill's measured time at the best chunk size and in
-one shot, against the matmul GFLOP/s the profiler measured in the same process (the row's
-`matmul_gflops`). Prints the median and the spread per spec, machine, backend, dtype and threads.
+"""How close the engine's prefills come to this machine's matmul peak, and what the chunk size is
+still worth: for every profiled config, the prompt's own FLOPs (chunkpilot.features.prefill_flops:
+projections, MLP and the attention each query sees, whatever the chunking) over the prefill's
+measured time at the best chunk size and in one shot, against the matmul peak the measuring process
+reached (the row's `matmul_peak_gflops`; rows older than harness 6 have only the machine's cached
+descriptor `matmul_gflops`, marked *). Under a window the prompt outgrows, one shot over the best
+size (whether the window's saving is real); and the share of total TTFT that the measured best
+saves over fixed 1024 and over the hand rule (the oracle's saving, profiler.summary's scoring).
+Per spec, machine, backend, attention kernel, dtype and threads.
 
     .venv/bin/python bench/efficiency.py [--data data/ttft]
 """
@@ -18,25 +22,41 @@ import pandas as pd
 from chunkpilot.dataset import read_dataset
 from chunkpilot.features import prefill_flops
 from chunkpilot.paths import DATA_ROOT
+from profiler.summary import summarize_configs
 
-GROUP = ["spec_name", "hardware_id", "backend", "dtype", "threads"]
+GROUP = ["spec_name", "hardware_id", "backend", "attn_impl", "dtype", "threads"]
 
 
 def efficiency(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per config: achieved GFLOP/s and the share of the matmul peak at its best size and in one shot."""
+    """Per config: achieved GFLOP/s and the share of the matmul peak at its best size and in one
+    shot, one shot over the best size, and the TTFT of the best, of fixed 1024 and of the rule."""
     rows = rows[rows.spec_name != "telemetry"].reset_index(drop=True)  # single prefills: no best size
-    rows = rows.assign(achieved=prefill_flops(rows) / 1e9 / (rows.prefill_ms / 1e3))
+    measured_peak = rows.matmul_peak_gflops.notna()
+    rows = rows.assign(
+        achieved=prefill_flops(rows) / 1e9 / (rows.prefill_ms / 1e3),
+        peak=rows.matmul_peak_gflops.where(measured_peak, rows.matmul_gflops),
+        measured_peak=measured_peak,
+    )
+    summary = summarize_configs(rows).set_index("config_key")
     out = []
     for key, config in rows.groupby("config_key"):
         best = config.loc[config.ttft_ms.idxmin()]
         one_shot = config[config.is_full]
+        s = summary.loc[key]
         out.append(
             {
                 **{name: best[name] for name in GROUP},
                 "config": key,
+                "windowed": 0 < best.window < best.context_length,  # a window the prompt outgrows
+                "measured_peak": bool(best.measured_peak),
+                "peak": best.peak,
                 "best_gflops": best.achieved,
-                "best_of_peak": best.achieved / best.matmul_gflops,
-                "one_shot_of_peak": one_shot.achieved.max() / best.matmul_gflops if len(one_shot) else np.nan,
+                "best_of_peak": best.achieved / best.peak,
+                "one_shot_of_peak": one_shot.achieved.max() / best.peak if len(one_shot) else np.nan,
+                "one_shot_over_best": one_shot.ttft_ms.min() / best.ttft_ms if len(one_shot) else np.nan,
+                "best_ms": s.best_ttft_ms,
+                "fixed_1024_ms": s.best_ttft_ms * (1 + s.regret_1024),
+                "rule_ms": s.best_ttft_ms * (1 + s.regret_rule),
             }
         )
     return pd.DataFrame(out)
@@ -48,15 +68,22 @@ def main() -> None:
     args = parser.parse_args()
     table = efficiency(read_dataset(args.data))
     print(
-        f"{'spec':<15}{'machine':<14}{'backend':<14}{'dtype':<10}{'threads':>8}{'configs':>9}{'GFLOP/s':>9}"
-        f"{'peak':>7}   at the best size / peak: p10  p50  p90   one shot / peak: p50"
+        f"{'spec':<15}{'machine':<14}{'backend':<14}{'kernel':<8}{'dtype':<10}{'thr':>4}{'configs':>8}"
+        f"{'GFLOP/s':>8}{'peak':>6}   best/peak p10 p50 p90  1-shot/peak   windowed 1-shot/best p50 p90"
+        f"   best saves vs 1024, vs rule"
     )
-    for (spec, machine, backend, dtype, threads), g in table.groupby(GROUP):
+    for (spec, machine, backend, kernel, dtype, threads), g in table.groupby(GROUP):
         q = g.best_of_peak.quantile([0.1, 0.5, 0.9]).tolist()
-        peak = (g.best_gflops / g.best_of_peak).median()
+        windowed = g[g.windowed & g.one_shot_over_best.notna()].one_shot_over_best
+        w = f"{windowed.median():>5.2f} {windowed.quantile(0.9):>5.2f}" if len(windowed) else f"{'-':>5} {'-':>5}"
+        mark = "" if g.measured_peak.all() else "*"
+        saved_1024 = 1 - g.best_ms.sum() / g.fixed_1024_ms.sum()
+        saved_rule = 1 - g.best_ms.sum() / g.rule_ms.sum()
         print(
-            f"{spec:<15}{machine:<14}{backend:<14}{dtype:<10}{threads:>8}{len(g):>9}{g.best_gflops.median():>9.1f}"
-            f"{peak:>7.0f}{'':>27}{q[0]:>4.0%} {q[1]:>4.0%} {q[2]:>4.0%}{g.one_shot_of_peak.median():>23.0%}"
+            f"{spec:<15}{machine:<14}{backend:<14}{kernel:<8}{dtype:<10}{threads:>4}{len(g):>8}"
+            f"{g.best_gflops.median():>8.1f}{g.peak.median():>5.0f}{mark:<1}  "
+            f"{q[0]:>12.0%} {q[1]:>3.0%} {q[2]:>3.0%}{g.one_shot_of_peak.median():>13.0%}"
+            f"{'':>15}{w}{saved_1024:>17.1%} {saved_rule:>7.1%}"
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .contract import SHAPE_COLUMNS
-from .features import ATTN_CODES, FEATURES, RUNTIME, linear_flops, visible_sum
+from .features import ATTN_CODES, FEATURES, LAYOUT_CODES, RUNTIME, linear_flops, visible_sum
 
 # what a chunk's cost can depend on besides q and h: the model, the attention set-up, the machine
 CONFIG = [
@@ -24,7 +24,7 @@ CHUNK = [
 ]
 NAMES = (*CONFIG, *CHUNK)
 COLUMNS = {name: FEATURES.index(name) for name in CONFIG}
-_MASKED, _SPLIT = ATTN_CODES["masked"], ATTN_CODES["split"]
+_EAGER, _SPLIT, _SHIFT = ATTN_CODES["eager"], ATTN_CODES["split"], LAYOUT_CODES["shift"]
 
 
 def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -36,20 +36,23 @@ def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarr
     # global tokens are extra keys once the window has moved past the first of them (roughly)
     keys_local = np.minimum(h, window) + q + col["global_tokens"] * (h > window)
     keys_global = h + q
-    # the masked kernel's plain causal path (engine/attention.py) needs no history and a chunk within
-    # the layer's window: no [q, keys] mask to build, and the upper triangle skipped, about half the
-    # score work. Every other layer materialises a mask (one shot, or a window longer than the prompt,
-    # was the per-chunk model's largest miss before this term: docs/training.md). The split kernel
-    # builds no mask and computes only the keys each query sees.
+    # A dense kernel's plain causal path (engine/attention.py) needs no history and a chunk within the
+    # layer's window: no [q, keys] mask to build, and the upper triangle skipped, about half the score
+    # work. Every other chunk materialises a mask (one shot, or a window longer than the prompt, was
+    # the per-chunk model's largest miss before this term: docs/training.md). The split kernel builds
+    # no mask and computes only the keys each query sees (`visible_sum`), but for a shift layer's
+    # chunk of at most half the window, which it attends in one call with the step's mask.
     split = col["attn_impl"] == _SPLIT
-    causal = (col["attn_impl"] == _MASKED) & (h == 0)
-    masked_local = np.where(split, 0.0, 1.0 - (causal & (q <= window)))
-    masked_global = np.where(split, 0.0, 1.0 - causal)
+    dense_local = ~split | ((col["layout"] == _SHIFT) & (2 * q <= window))
+    dense_global = ~split
+    plain = (col["attn_impl"] != _EAGER) & (h == 0)
+    masked_local = np.where(dense_local, 1.0 - (plain & (q <= window)), 0.0)
+    masked_global = np.where(dense_global, 1.0 - plain, 0.0)
     d, kv, ff = col["hidden_size"], col["num_kv_heads"], col["intermediate_size"]
     linear = linear_flops(q, layers, d, heads, kv, hd, ff)
-    dense = local * keys_local * (1 + masked_local) / 2 + (layers - local) * keys_global * (1 + masked_global) / 2
-    seen = (local * visible_sum(q, h, window) + (layers - local) * visible_sum(q, h, np.inf)) / q
-    scores = np.where(split, seen, dense)
+    per_local = np.where(dense_local, keys_local * (1 + masked_local) / 2, visible_sum(q, h, window) / q)
+    per_global = np.where(dense_global, keys_global * (1 + masked_global) / 2, visible_sum(q, h, np.inf) / q)
+    scores = local * per_local + (layers - local) * per_global
     attention = 4 * heads * hd * q * scores
     compute_ms = (linear + attention) / (col["matmul_gflops"] * 1e9) * 1e3
     base = np.log(compute_ms + layers * col["call_overhead_ms"] + 0.1)

@@ -3,7 +3,9 @@
 `split` (the default on a CPU) computes only what a query sees: the keys are cut into blocks that
 are either wholly visible (no mask) or a causal triangle (`is_causal`, which the kernel skips
 blocks of), each block attended with torch's CPU flash kernel, which also returns the log-sum-exp,
-and the blocks merged by it (vLLM's `merge_attn_states`). `masked` and `eager` wrap transformers'
+and the blocks merged by it (vLLM's `merge_attn_states`). A shift layer's chunk of at most half
+the window is the exception: its keys are the window's last W-1 and itself, so one call with the
+step's mask wastes at most a third of the scores and costs less than three calls and a merge. `masked` and `eager` wrap transformers'
 own kernels (sdpa, the model's eager) with a dense mask [1, 1, Q, K] built here from the positions
 each cache layer reports (the model's own mask builder assumes keys sit in position order, which
 the ring layout breaks); a dense mask makes PyTorch's CPU flash kernel compute every key, hidden or
@@ -19,7 +21,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .kv_cache import RingLayer
+from .kv_cache import RingLayer, ShiftLayer
 
 ATTN_NAME = "chunkpilot"
 
@@ -57,8 +59,8 @@ class StepMasks:
     def _build(self, layer) -> torch.Tensor | None:
         q, k = self.query_positions, layer.key_positions
         no_history = k.shape[0] == q.shape[0]  # keys are always the chunk plus whatever history is kept
-        if self.attn_impl == "masked" and no_history and (layer.window is None or q.shape[0] <= layer.window):
-            return None  # plain causal: sdpa's is_causal path is about 2x faster than any mask
+        if self.attn_impl != "eager" and no_history and (layer.window is None or q.shape[0] <= layer.window):
+            return None  # plain causal: the flash kernel's is_causal path is about 2x faster than any mask
         allowed = visible(q, k, layer.window, layer.sinks.size, layer.key_global)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=q.device)
         # additive float mask: what eager expects, and faster than a bool mask in sdpa on CPU
@@ -150,8 +152,15 @@ def chunk_attention(module, query, key, value, attention_mask, *, chunk_step: St
     if chunk_step.attn_impl == "split":
         layer = chunk_step.layers[module.layer_idx]
         scale = kwargs.get("scaling") or module.scaling
-        out = split_attention(query, key, value, layer, chunk_step.query_positions, scale)
-        return out.transpose(1, 2).contiguous(), None  # [B, Q, H, D], as transformers' kernels return
+        if isinstance(layer, ShiftLayer) and 2 * query.shape[2] <= layer.window:
+            # a chunk at most half the window, its keys the window's last W-1 and itself (plus sinks
+            # and globals): one call over them with the step's mask wastes at most a third of the
+            # scores, where the split blocks cost three kernel calls, two flips and a merge
+            mask = chunk_step.for_layer(module.layer_idx)  # None: plain causal
+            out, _ = _flash(query, key, value, mask is None, scale, mask)
+        else:
+            out = split_attention(query, key, value, layer, chunk_step.query_positions, scale)
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None  # [B, Q, H, D], as transformers' return
     mask = chunk_step.for_layer(module.layer_idx)
     if chunk_step.attn_impl == "masked":
         return sdpa_attention_forward(module, query, key, value, mask, **kwargs)

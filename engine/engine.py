@@ -208,12 +208,17 @@ class Engine:
         policy.observe(request, result)  # a learning policy hears how its choice went (after the clock)
         return result
 
+    def new_cache(self, prepared: Prepared) -> ChunkCache:
+        """The request's KV cache, told the tokens it will see (the prompt and the first decode step)."""
+        n = prepared.request.context_length
+        return ChunkCache(self.shape.local_layers, prepared.request.attention, prepared.global_positions, n + 1)
+
     @torch.inference_mode()
     def to_first_token(self, prepared: Prepared, chunks: Sequence[int]) -> Prefilled:
         """The bundled engine's: its own loop over its own KV cache, then the first decode step."""
         t2 = clock_ms(self.device)
         n = prepared.request.context_length
-        cache = ChunkCache(self.shape.local_layers, prepared.request.attention, prepared.global_positions, n + 1)
+        cache = self.new_cache(prepared)
         logits, chunk_ms = prefill(self.model, cache, prepared.ids, chunks, self.config.attn_impl)
         first = logits.argmax(-1)  # [1]
         t3 = clock_ms(self.device)

@@ -79,6 +79,31 @@ def test_bounds_are_stated_once_and_named_in_errors():
     assert ModelShape(**{**PRESETS["llama-tiny"].model_dump(), "num_layers": "8"}).num_layers == 8  # shape files
 
 
+def test_the_attention_kernel_defaults_to_what_runs_on_the_backend_and_split_runs_only_in_the_engine():
+    """split (only the keys each query sees) is the bundled engine's kernel on a CPU; stock generate
+    and llama.cpp run the dense mask (`masked`), and asking for split there is refused, named."""
+    from engine.config import EngineConfig
+    from profiler.spec import Spec
+
+    hardware = {"hardware_id": "abc"}
+    assert ChunkRequest(context_length=10, model="llama-tiny", hardware=hardware).attn_impl == "split"
+    for backend in ("transformers", "llama.cpp"):
+        assert ChunkRequest(context_length=10, model="llama-tiny", hardware=hardware, backend=backend).attn_impl == (
+            "masked"
+        )
+        assert EngineConfig(backend=backend).attn_impl == "masked"
+        with pytest.raises(ConfigError, match="attn_impl: split runs in the chunkpilot backend on cpu"):
+            ChunkRequest(context_length=10, model="llama-tiny", hardware=hardware, backend=backend, attn_impl="split")
+    assert EngineConfig().attn_impl == "split" and EngineConfig(attn_impl="masked").attn_impl == "masked"
+    sweep = {"models": ["llama-tiny"], "contexts": [64], "backends": ["chunkpilot", "transformers"]}
+    cpu = Spec.from_dict({"name": "s", "sweeps": [sweep]})
+    assert {(c.backend, c.attn_impl) for c in cpu.configs} == {("chunkpilot", "split"), ("transformers", "masked")}
+    gpu = Spec.from_dict({"name": "s", "device": "cuda", "sweeps": [sweep]})
+    assert {c.attn_impl for c in gpu.configs} == {"masked"}  # torch's CPU flash kernel is CPU-only
+    with pytest.raises(ConfigError, match="sweeps.0.attn_impls: split runs in the chunkpilot backend on cpu"):
+        Spec.from_dict({"name": "s", "device": "cuda", "sweeps": [{**sweep, "attn_impls": ["split"]}]})
+
+
 def test_every_field_of_the_answer_is_described_in_the_openapi_schema(tmp_path):
     """What /docs shows an engine's author: no field of the answer without its meaning."""
     from predictor.app import create_app

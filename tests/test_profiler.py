@@ -19,6 +19,7 @@ from conftest import sqlite_store
 from chunkpilot.contract import ConfigError
 from chunkpilot.dataset import (
     COLUMNS,
+    HARNESS_VERSION,
     OPTIONAL,
     DataError,
     finished_keys,
@@ -27,6 +28,7 @@ from chunkpilot.dataset import (
     validate,
     write_config,
 )
+from chunkpilot.features import prefill_flops
 from cli import main
 from profiler.plan import space_filling_order
 from profiler.spec import ProfileConfig, Spec
@@ -265,6 +267,10 @@ def test_tiny_spec_runs_and_logs_to_mlflow(tmp_path, mlflow_store, capsys):
         c.key: len(c.candidates(tuple(TINY["chunk_sizes"]))[0]) for c in Spec.from_dict(TINY).configs
     }
     assert (df.repeats >= 2).all() and df.hardware_id.nunique() == 1 and (df.matmul_gflops > 0).all()
+    # each row: the prompt's own FLOPs over its prefill, beside the peak this process reached; not compiled
+    assert (df.prefill_gflops > 0).all() and (df.matmul_peak_gflops > 0).all() and not df.compiled.any()
+    assert df.prefill_gflops.to_numpy() == pytest.approx(prefill_flops(df) / 1e9 / (df.prefill_ms.to_numpy() / 1e3))
+    assert (df.attn_impl == "split").all() and (df.harness_version == HARNESS_VERSION).all()
     printed = capsys.readouterr()
     assert "4 configs measured" in printed.out and "ring layout needs chunk <= window" in printed.err
     import mlflow
