@@ -5,11 +5,12 @@ are either wholly visible (no mask) or a causal triangle (`is_causal`, which the
 blocks of), each block attended with torch's CPU flash kernel, which also returns the log-sum-exp,
 and the blocks merged by it (vLLM's `merge_attn_states`). A shift layer's chunk of at most half
 the window is the exception: its keys are the window's last W-1 and itself, so one call with the
-step's mask wastes at most a third of the scores and costs less than three calls and a merge. `masked` and `eager` wrap transformers'
-own kernels (sdpa, the model's eager) with a dense mask [1, 1, Q, K] built here from the positions
-each cache layer reports (the model's own mask builder assumes keys sit in position order, which
-the ring layout breaks); a dense mask makes PyTorch's CPU flash kernel compute every key, hidden or
-not. The model's q/k/v projections and RoPE stay untouched.
+step's mask wastes at most a third of the scores and costs less than three calls and a merge.
+`masked` and `eager` wrap transformers' own kernels (sdpa, the model's eager) with a dense mask
+[1, 1, Q, K] built here from the positions each cache layer reports (the model's own mask builder
+assumes keys sit in position order, which the ring layout breaks); a dense mask makes PyTorch's
+CPU flash kernel compute every key, hidden or not. The model's q/k/v projections and RoPE stay
+untouched.
 """
 
 from __future__ import annotations
