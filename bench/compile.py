@@ -5,6 +5,7 @@ family), then TTFT over interleaved rounds after a warm-up, their paired ratio w
 interval, and how many prompts the compile time takes to pay back where the compiled one is faster.
 
     .venv/bin/python bench/compile.py [--configs llama-tiny:2048:512,mistral-44m:4096:1024] [--rounds 5]
+        [--attn-impl split|masked]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="llama-tiny:2048:512,mistral-44m:4096:1024", help="model:tokens:chunk,...")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--attn-impl", choices=["split", "masked"], default=None, help="default: the engine's")
     args = parser.parse_args()
     try:
         number("rounds", args.rounds, int, ge=1, le=1000)
@@ -49,7 +51,9 @@ def main() -> None:
     )
     for model, tokens, chunk in configs:
         workload, text = Workload(tokens), f"{model}:{tokens}:{chunk}"
-        engines = {flag: Engine(EngineConfig(model=model, compile=flag)) for flag in (False, True)}
+        engines = {
+            flag: Engine(EngineConfig(model=model, compile=flag, attn_impl=args.attn_impl)) for flag in (False, True)
+        }
         first = {flag: first_run_s(engine, workload, chunk) for flag, engine in engines.items()}
         policy = FixedPolicy(chunk)
         steps = {flag: (lambda e=e, w=workload, p=policy: e.run(w, p).ttft_ms) for flag, e in engines.items()}
