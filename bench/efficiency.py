@@ -8,7 +8,7 @@ size (whether the window's saving is real); and the share of total TTFT that the
 saves over fixed 1024 and over the hand rule (the oracle's saving, profiler.summary's scoring).
 Per spec, machine, backend, attention kernel, dtype and threads.
 
-    .venv/bin/python bench/efficiency.py [--data data/ttft]
+    .venv/bin/python bench/efficiency.py [--data data/ttft] [--by-shape]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from chunkpilot.contract import MAX_CONTEXT
 from chunkpilot.dataset import read_dataset
 from chunkpilot.features import prefill_flops
 from chunkpilot.paths import DATA_ROOT
@@ -47,6 +48,8 @@ def efficiency(rows: pd.DataFrame) -> pd.DataFrame:
             {
                 **{name: best[name] for name in GROUP},
                 "config": key,
+                "model": best.model,
+                "context_length": best.context_length,
                 "windowed": 0 < best.window < best.context_length,  # a window the prompt outgrows
                 "measured_peak": bool(best.measured_peak),
                 "peak": best.peak,
@@ -65,6 +68,7 @@ def efficiency(rows: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA_ROOT, help=f"dataset root (default {DATA_ROOT})")
+    parser.add_argument("--by-shape", action="store_true", help="also best/peak per model and prompt length")
     args = parser.parse_args()
     table = efficiency(read_dataset(args.data))
     print(
@@ -85,6 +89,22 @@ def main() -> None:
             f"{q[0]:>12.0%} {q[1]:>3.0%} {q[2]:>3.0%}{g.one_shot_of_peak.median():>13.0%}"
             f"{'':>15}{w}{saved_1024:>17.1%} {saved_rule:>7.1%}"
         )
+    if args.by_shape:
+        by_shape(table)
+
+
+LENGTHS = [0, 1024, 4096, 8192, MAX_CONTEXT]
+
+
+def by_shape(table: pd.DataFrame) -> None:
+    """Median best/peak per model and per prompt-length band, within each group: where a target is missed."""
+    for group, g in table.groupby(GROUP):
+        print(f"\n{' '.join(map(str, group))}: median best/peak")
+        for model, m in g.groupby("model"):
+            print(f"  {model:<32}{len(m):>4} configs {m.best_of_peak.median():>5.0%}")
+        bands = pd.cut(g.context_length, LENGTHS)
+        for band, b in g.groupby(bands, observed=True):
+            print(f"  {str(band) + ' tokens':<32}{len(b):>4} configs {b.best_of_peak.median():>5.0%}")
 
 
 if __name__ == "__main__":
