@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .contract import SHAPE_COLUMNS
-from .features import ATTN_CODES, FEATURES, LAYOUT_CODES, RUNTIME, linear_flops, visible_sum
+from .features import ATTN_CODES, FEATURES, LAYOUT_CODES, RUNTIME, linear_flops, shift_in_one_call, visible_sum
 
 # what a chunk's cost can depend on besides q and h: the model, the attention set-up, the machine
 CONFIG = [
@@ -43,7 +43,7 @@ def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarr
     # no mask and computes only the keys each query sees (`visible_sum`), but for a shift layer's
     # chunk of at most half the window, which it attends in one call with the step's mask.
     split = col["attn_impl"] == _SPLIT
-    dense_local = ~split | ((col["layout"] == _SHIFT) & (2 * q <= window))
+    dense_local = ~split | ((col["layout"] == _SHIFT) & shift_in_one_call(q, window))
     dense_global = ~split
     plain = (col["attn_impl"] != _EAGER) & (h == 0)
     masked_local = np.where(dense_local, 1.0 - (plain & (q <= window)), 0.0)

@@ -85,6 +85,13 @@ def visible_sum(q: Num, h: Num, window: Num) -> Num:
     return t * h + t * (t + 1) / 2 + (q - t) * np.minimum(window, q + h)  # no query past it without a window
 
 
+def shift_in_one_call(q: Num, window: Num) -> Num:
+    """Whether the split kernel attends a shift layer's q-query chunk in one call with the step's
+    mask instead of in blocks: its keys are the window's last W-1 and itself, so at most a third of
+    the scores is wasted, where blocks cost three kernel calls, two flips and a merge."""
+    return 2 * q <= window
+
+
 def history_sum(n: Num, c: Num, window: Num) -> Num:
     """Sum over chunks of the history each chunk attends to, min(start, window). Closed form."""
     window = np.minimum(window, n)

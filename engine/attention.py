@@ -22,6 +22,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from chunkpilot.features import shift_in_one_call
+
 from .kv_cache import RingLayer, ShiftLayer
 
 ATTN_NAME = "chunkpilot"
@@ -153,10 +155,7 @@ def chunk_attention(module, query, key, value, attention_mask, *, chunk_step: St
     if chunk_step.attn_impl == "split":
         layer = chunk_step.layers[module.layer_idx]
         scale = kwargs.get("scaling") or module.scaling
-        if isinstance(layer, ShiftLayer) and 2 * query.shape[2] <= layer.window:
-            # a chunk at most half the window, its keys the window's last W-1 and itself (plus sinks
-            # and globals): one call over them with the step's mask wastes at most a third of the
-            # scores, where the split blocks cost three kernel calls, two flips and a merge
+        if isinstance(layer, ShiftLayer) and shift_in_one_call(query.shape[2], layer.window):
             mask = chunk_step.for_layer(module.layer_idx)  # None: plain causal
             out, _ = _flash(query, key, value, mask is None, scale, mask)
         else:
