@@ -250,9 +250,9 @@ def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget()
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):
     requests = [
         ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE)
-        for n in (300, 700, 1500, 3000)
+        for n in (300, 700, 1500, 3000, 6000, 12000)
         for attention in ({"window": None}, {"window": 128}, {"window": 256, "layout": "ring"})
-    ]  # where the model is unsure depends on the model: ask about several
+    ]  # where the model is unsure depends on the model (on what the harness measured): ask about several
 
     def settings(budget: float) -> Settings:
         return Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path, explore_budget=budget)
