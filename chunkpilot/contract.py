@@ -28,7 +28,11 @@ Dtype = Literal["float32", "bfloat16"]
 AttnImpl = Literal["split", "masked", "eager"]
 # what runs the prefill: the bundled engine, stock transformers generate(), a llama.cpp context
 Backend = Literal["chunkpilot", "transformers", "llama.cpp"]
-FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS, BACKENDS = (t.__args__ for t in (Family, Layout, Dtype, AttnImpl, Backend))
+# llama.cpp's weights: f32, or quantised by llama.cpp's own quantizer (the other backends run `Dtype`)
+Quant = Literal["f32", "f16", "q8_0", "q4_k_m"]
+FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS, BACKENDS, QUANTS = (
+    t.__args__ for t in (Family, Layout, Dtype, AttnImpl, Backend, Quant)
+)
 
 
 NO_WINDOW = "none"  # the dataset's and the spec's layout without a window (the contract's is window=None)
@@ -48,6 +52,9 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field, self.message = field, message
+
+    def __reduce__(self) -> tuple:  # pickled as built (from a child process: engine/isolation.py)
+        return type(self), (self.field, self.message)
 
     @classmethod
     def of(cls, exc: ValidationError, field: str = "") -> ConfigError:

@@ -21,6 +21,7 @@ ENGINE_FLAGS = {
     "seed": "--seed",
     "compile": "--compile",
     "backend": "--backend",
+    "quant": "--quant",
 }
 ATTENTION_FLAGS = {"layout": "--kv-layout", "sinks": "--sinks"}  # --window: the model's own by default
 

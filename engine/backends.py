@@ -7,8 +7,10 @@ the comparison and `chunkpilot prefill` measure every backend through one harnes
   stock attention, timed to the first token; generate shows no chunk boundaries, so no per-chunk
   times. It runs the model's own attention only (its window in the shift layout, no sinks).
 - llama.cpp: a `llama_cpp.Llama` context on the model's weights written to GGUF (engine.gguf_export,
-  cached per model, seed and quantisation); each chunk is one `llama_decode` of `c` tokens (one
-  micro-batch: the context's n_ubatch is at least c), timed on its own, then the first decode step.
+  cached per model, seed and quantisation), once a probe in a child process has run that
+  quantisation here (engine.llama_probe: a build the CPU refuses must not kill us); each chunk is
+  one `llama_decode` of `c` tokens (one micro-batch: the context's n_ubatch is at least c), timed
+  on its own, then the first decode step.
   Full attention only (llama.cpp's llama and qwen2 architectures have no sliding window)."""
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from chunkpilot.contract import AttentionConfig, Backend, ConfigError, RequestFe
 
 from .config import EngineConfig
 from .engine import Engine, Prefilled, Prepared
-from .gguf_export import Quant, supported, write_gguf
+from .gguf_export import FTYPES, Weights, supported, write_gguf
 from .hardware import user_cache_dir
+from .llama_lib import build, llama_cpp
+from .llama_probe import require
 from .prefill import clock_ms
 
 
@@ -82,31 +86,32 @@ class TransformersEngine(Engine):
         return Prefilled(int(out.sequences[0, -1]), out.scores[0][0].float(), [], t3 - t2, 0.0, kv)
 
 
-def llama_cpp_version() -> str:
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ConfigError(
-            "backend", "llama.cpp needs llama-cpp-python: pip install 'chunkpilot[llama]' (a source build)"
-        ) from None
-    return llama_cpp.__version__
+def weights_of(model: Any) -> Weights:
+    """A transformers model's tensors (float32, numpy) and the hyperparameters GGUF asks for."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") or getattr(config, "rope_theta", 10000.0)
+    tensors = {name: t.detach().float().cpu().numpy() for name, t in model.state_dict().items()}
+    return Weights(tensors, float(theta), float(config.rms_norm_eps))
 
 
 class LlamaCppEngine(Engine):
     backend: ClassVar[Backend] = "llama.cpp"
-    quant: ClassVar[Quant] = "f32"
 
     def __init__(self, config: EngineConfig) -> None:
-        self._version = llama_cpp_version()
+        self.features = require(FTYPES[config.quant])  # before any native call here: refused, not killed
+        self._version = build()
         super().__init__(config)
         if (why := supported(self.shape)) is not None:
             raise ConfigError("model", f"llama.cpp cannot run {config.model}: {why}")
         if config.dtype != "float32":
-            raise ConfigError("dtype", f"the llama.cpp backend runs float32 weights here; got {config.dtype}")
+            raise ConfigError(
+                "dtype", f"the llama.cpp backend reads float32 weights to write its GGUF; got {config.dtype}"
+            )
         digest = hashlib.sha1(f"{self.shape.model_dump_json()}|{config.seed}|{config.model}".encode()).hexdigest()
-        self.gguf = user_cache_dir() / "gguf" / f"{Path(config.model).stem}-{digest[:10]}-{self.quant}.gguf"
+        self.gguf = user_cache_dir() / "gguf" / f"{Path(config.model).stem}-{digest[:10]}-{config.quant}.gguf"
         if not self.gguf.exists():
-            write_gguf(self.model, self.shape, self.gguf, self.quant)
+            write_gguf(weights_of(self.model), self.shape, self.gguf, config.quant)
         self._contexts: dict[tuple[int, int], Any] = {}
 
     @property
@@ -126,7 +131,7 @@ class LlamaCppEngine(Engine):
             while len(self._contexts) >= 2:
                 self._contexts.pop(next(iter(self._contexts))).close()
             threads = self.runtime.threads
-            self._contexts[key] = _llama().Llama(
+            self._contexts[key] = llama_cpp().Llama(
                 str(self.gguf),
                 n_ctx=n_ctx,
                 n_batch=n_ubatch,
@@ -144,19 +149,13 @@ class LlamaCppEngine(Engine):
         t2 = clock_ms(self.device)
         chunk_ms = decode_chunks(llm, tokens, chunks)
         # a view of llama.cpp's buffer, which the next decode overwrites: copied at once
-        logits = np.ctypeslib.as_array(_llama().llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
+        logits = np.ctypeslib.as_array(llama_cpp().llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),)).copy()
         first = int(logits.argmax())
         t3 = clock_ms(self.device)
         decode_chunks(llm, [first], [1], keep=True)
         t4 = clock_ms(self.device)
-        kv = _llama().llama_state_get_size(llm.ctx)
+        kv = llama_cpp().llama_state_get_size(llm.ctx)
         return Prefilled(first, torch.from_numpy(logits), chunk_ms, t3 - t2, t4 - t3, int(kv))
-
-
-def _llama():
-    import llama_cpp
-
-    return llama_cpp
 
 
 def _padded(n: int) -> int:
@@ -167,7 +166,7 @@ def _padded(n: int) -> int:
 def decode_chunks(llm: Any, tokens: Sequence[int], chunks: Sequence[int], keep: bool = False) -> list[float]:
     """`tokens` through the context in `chunks`, one `llama_decode` each (only the last token's
     logits kept), after clearing its memory unless `keep`; each decode's ms."""
-    lib = _llama()
+    lib = llama_cpp()
     if not keep:
         lib.llama_memory_clear(lib.llama_get_memory(llm.ctx), True)
     times, start = [], 0

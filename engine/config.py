@@ -7,7 +7,16 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from chunkpilot.contract import AttnImpl, Backend, ConfigError, Contract, Dtype, check_attn_impl, default_attn_impl
+from chunkpilot.contract import (
+    AttnImpl,
+    Backend,
+    ConfigError,
+    Contract,
+    Dtype,
+    Quant,
+    check_attn_impl,
+    default_attn_impl,
+)
 
 
 class EngineConfig(Contract):
@@ -27,6 +36,9 @@ class EngineConfig(Contract):
         description="what runs the prefill: chunkpilot (this engine), transformers (stock generate), "
         "llama.cpp (a llama_cpp.Llama context on the same weights, written to GGUF)",
     )
+    quant: Quant = Field(
+        default="f32", description="llama.cpp: the GGUF's weights, f32 or quantised by llama.cpp's own quantizer"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -40,6 +52,8 @@ class EngineConfig(Contract):
     @model_validator(mode="after")
     def _device_present(self) -> EngineConfig:
         check_attn_impl(self.attn_impl, self.backend, "cpu" if self.device == "cpu" else "cuda")
+        if self.quant != "f32" and self.backend != "llama.cpp":
+            raise ConfigError("quant", f"only the llama.cpp backend runs quantised weights; got {self.quant}")
         if self.device == "cpu":
             return self
         import torch  # only for another device: the CPU path never needs it here

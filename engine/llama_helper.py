@@ -17,6 +17,7 @@ from chunkpilot.chunks import rule_size
 from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
 
 from .hardware import local_hardware
+from .llama_probe import require
 from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
 from .predictor_client import AutoPolicy, InProcessPolicy, auto_at
 
@@ -78,7 +79,11 @@ def prefill_chunk_size(llm: Any, context_length: int, policy: ChunkPolicy) -> De
 
 def chunked_eval(llm: Any, tokens: Sequence[int], policy: ChunkPolicy) -> Decision:
     """`llm.eval(tokens)` from an empty context in chunks of the decided size, and the decision; the
-    Llama is left as its own `eval` leaves it (its tokens and last logits), ready to sample."""
+    Llama is left as its own `eval` leaves it (its tokens and last logits), ready to sample. Before
+    the first eval of a quantisation in this process, a probe (engine.llama_probe) checks in a
+    child process that llama.cpp runs it here: a ConfigError naming it, not a dead process."""
+    flash = int(llm.context_params.flash_attn_type) != 0  # enabled, or auto (llama.cpp may enable it)
+    require(int(llm.metadata.get("general.file_type", 0)), flash)
     decision = prefill_chunk_size(llm, len(tokens), policy)
     own = llm.n_batch
     llm.n_batch = decision.chunk_size  # `eval` steps by n_batch; its batch buffer holds the larger `own`

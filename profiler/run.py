@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from chunkpilot.clock import clock
+from chunkpilot.contract import ConfigError
 from chunkpilot.dataset import LISTS, finished_keys, write_config
 from chunkpilot.fleet import HARDWARE_TAG, PROFILING_EXPERIMENT, SPEC_TAG, Publisher
 
@@ -102,7 +103,9 @@ def run_profile(
                 t0 = time.monotonic()
                 try:
                     rows = worker.measure(config, deadline)
-                except WorkerError as exc:  # one crashed config (out of memory, say) must not end the sweep
+                # one crashed config (out of memory, say) or one this machine cannot run (a llama.cpp
+                # quantisation its probe refused) must not end the sweep
+                except (WorkerError, ConfigError) as exc:
                     report.failed.append(config.key)
                     print(
                         f"[{i + 1:>4}/{len(plan)}] {describe(config)}: FAILED, will be retried by a rerun: {exc}",

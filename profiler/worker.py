@@ -44,8 +44,9 @@ class Worker:
 
     def _start(self) -> None:
         self.tasks, self.results = self.ctx.Queue(), self.ctx.Queue()
+        # not a daemon: measuring llama.cpp starts child processes (engine/isolation.py); close() ends it
         self.process = self.ctx.Process(
-            target=_serve, args=(self.tasks, self.results, self.spec, str(self.hardware_dir)), daemon=True
+            target=_serve, args=(self.tasks, self.results, self.spec, str(self.hardware_dir))
         )
         self.process.start()
 

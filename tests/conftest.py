@@ -159,3 +159,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+NATIVE_TIMEOUT_S = 900.0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A test marked `native` runs llama.cpp, whose crash (a SIGILL where a build meets a CPU that
+    refuses it) would kill the pytest worker and leave its file's other tests unrun: it runs in a
+    child process instead, and the child's death fails it, naming the signal (its Python stack on
+    stderr, from faulthandler). Its fixtures' values are resolved here and must pickle."""
+    if pyfuncitem.get_closest_marker("native") is None:
+        return None
+    from isolated import call_test
+
+    from engine.isolation import run_in_child
+
+    kwargs = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    module = pyfuncitem.module.__name__
+    run_in_child(call_test, module, pyfuncitem.originalname, kwargs, what=pyfuncitem.nodeid, timeout_s=NATIVE_TIMEOUT_S)
+    return True

@@ -1,14 +1,13 @@
 """The backends beside the bundled engine: stock transformers generate() and llama.cpp on GGUF files
 the project writes itself. Each profiles a tiny config into rows that say their backend; llama.cpp
-gives the transformers model's first token on the same weights; the helpers fall back to the hand
-rule with a reason, as the engine does."""
+gives the transformers model's first token on the same weights, and nearly its logits in each
+quantisation; the helpers fall back to the hand rule with a reason, as the engine does. The tests
+that run llama.cpp here are `native`: each runs in a child process, so a crash fails it, named."""
 
 from __future__ import annotations
 
-import llama_cpp  # the llama extra, which `make` installs: its absence is a failure, not a skip
 import numpy as np
 import pytest
-import torch
 import yaml
 
 from chunkpilot.contract import AttentionConfig, ConfigError
@@ -16,6 +15,8 @@ from chunkpilot.dataset import read_dataset
 from cli import main
 from engine.backends import open_engine
 from engine.config import EngineConfig
+from engine.gguf_export import FTYPES
+from engine.llama_lib import llama_cpp  # the llama extra, which `make` installs: its absence fails, never skips
 from engine.policy import FixedPolicy, RulePolicy
 from engine.predictor_client import make_auto
 from engine.workload import Workload
@@ -60,6 +61,7 @@ def test_each_backend_profiles_rows_that_name_it(tmp_path, backend):
         assert df.chunk_ms.isna().all()
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("model", ["llama-tiny", "qwen2-gqa"])
 def test_llama_cpp_gives_the_transformers_first_token_on_the_same_weights(model):
     """f32 GGUF of the same seeded weights: the same first token at every chunk size, and logits
@@ -75,19 +77,24 @@ def test_llama_cpp_gives_the_transformers_first_token_on_the_same_weights(model)
         assert gap < 1e-3
 
 
-def test_a_q8_0_gguf_loads_and_gives_nearly_the_same_logits(tmp_path):
-    from engine.gguf_export import write_gguf
+@pytest.mark.native
+@pytest.mark.parametrize(("quant", "agreement"), [("f16", 0.9999), ("q8_0", 0.999), ("q4_k_m", 0.95)])
+def test_each_quantisation_runs_and_nearly_gives_the_f32_logits(quant, agreement):
+    """GGUF quantised by llama.cpp's own quantizer from the same seeded weights: the file says its
+    quantisation, and the first token's logits correlate with the f32 model's (weights of fewer
+    bits, so less closely the fewer bits)."""
+    workload = Workload(200)
+    reference = open_engine(EngineConfig(model="llama-tiny", threads=1, backend="llama.cpp")).run(
+        workload, FixedPolicy(64)
+    )
+    engine = open_engine(EngineConfig(model="llama-tiny", threads=1, backend="llama.cpp", quant=quant))
+    file_type = llama_cpp().Llama(str(engine.gguf), vocab_only=True, verbose=False).metadata["general.file_type"]
+    assert int(file_type) == FTYPES[quant]
+    result = engine.run(workload, FixedPolicy(64))
+    assert np.corrcoef(result.first_logits.numpy(), reference.first_logits.numpy())[0, 1] > agreement
 
-    engine = open_engine(EngineConfig(model="llama-tiny", threads=1, backend="transformers"))  # stock attention
-    path = write_gguf(engine.model, engine.shape, tmp_path / "tiny-q8.gguf", "q8_0")
-    llm = llama_cpp.Llama(str(path), n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1, verbose=False, logits_all=True)
-    assert llm.metadata["general.file_type"] == "7"  # MOSTLY_Q8_0
-    tokens = list(range(10, 74))
-    llm.eval(tokens)
-    reference = engine.model(torch.tensor([tokens])).logits[0, -1].detach().numpy()
-    assert np.corrcoef(np.asarray(llm.scores[63]), reference)[0, 1] > 0.99
 
-
+@pytest.mark.native
 def test_backends_refuse_what_they_cannot_run_naming_the_field():
     with pytest.raises(ConfigError, match="model.*sliding window"):
         open_engine(EngineConfig(model="mistral-44m", backend="llama.cpp"))
@@ -97,17 +104,21 @@ def test_backends_refuse_what_they_cannot_run_naming_the_field():
     stock = open_engine(EngineConfig(model="mistral-44m", threads=1, backend="transformers"))
     with pytest.raises(ConfigError, match="attention.*own attention"):
         stock.run(Workload(300, AttentionConfig(256, "ring")), FixedPolicy(64))
+    with pytest.raises(ConfigError, match="quant.*only the llama.cpp backend"):
+        EngineConfig(model="llama-tiny", backend="transformers", quant="q8_0")
 
 
+@pytest.mark.native
 def test_the_llama_cpp_helper_evaluates_in_the_chosen_size_and_falls_back_with_a_reason(tmp_path):
     from cli.processes import free_port
+    from engine.backends import weights_of
     from engine.gguf_export import write_gguf
     from engine.hardware import local_hardware
     from engine.llama_helper import chunked_eval, request_features
 
     engine = open_engine(EngineConfig(model="llama-tiny", threads=1))
-    path = write_gguf(engine.model, engine.shape, tmp_path / "tiny.gguf")
-    llm = llama_cpp.Llama(str(path), n_ctx=2048, n_batch=512, n_ubatch=512, n_threads_batch=1, verbose=False)
+    path = write_gguf(weights_of(engine.model), engine.shape, tmp_path / "tiny.gguf")
+    llm = llama_cpp().Llama(str(path), n_ctx=2048, n_batch=512, n_ubatch=512, n_threads_batch=1, verbose=False)
     request = request_features(llm, 1200)
     exclude = {"tie_embeddings"}  # GGUF metadata does not say; the file's tensors do
     assert request.shape.model_dump(exclude=exclude) == engine.shape.model_dump(exclude=exclude)
@@ -119,3 +130,17 @@ def test_the_llama_cpp_helper_evaluates_in_the_chosen_size_and_falls_back_with_a
     decision = chunked_eval(llm, tokens, nobody)
     assert decision.source == "fallback" and decision.reason and llm.n_tokens == 1200
     nobody.close()
+
+
+@pytest.mark.slow  # a real profile in its worker process
+def test_a_config_the_backend_refuses_is_recorded_as_failed_and_the_profile_goes_on(tmp_path, capsys):
+    """What llama.cpp cannot run here (a window; on a CPU whose build crashes, a quantisation its
+    probe refused) is one failed config, named with the reason, not the end of the sweep."""
+    from profiler.run import run_profile
+
+    spec = tiny_spec("llama.cpp")
+    spec["sweeps"][0]["attention"] = [{"window": 64, "layout": "shift"}, {"window": None}]
+    report = run_profile(Spec.from_dict(spec), tmp_path / "ttft")
+    assert len(report.failed) == 1 and len(report.measured) == 1
+    said = capsys.readouterr().err
+    assert "w=64s" in said and "FAILED" in said and "attends fully" in said
