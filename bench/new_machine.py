@@ -16,7 +16,7 @@ from pathlib import Path
 
 from chunkpilot.paths import SHIPPED_DIR
 from chunkpilot.recipe import RECIPES
-from training.baselines import FixedChunk, HandRule, RankLevel
+from training.baselines import RankLevel, lineup_baselines
 from training.data import load_table
 from training.metrics import records, summarize_regret
 from training.served import served_fit
@@ -44,7 +44,7 @@ def main() -> None:
     print(f"\n{'policy':<22}{'':>8}{'mean':>8}{'p95':>8}{'within5%':>10}{'MAPE':>8}")
     for label, train in (("before", old), ("after", [*old, *profiled])):
         fitted = served_fit(list(RECIPES), {})(table.subset(train))  # the recipes as they serve
-        for policy in (FixedChunk(1024), HandRule(), RankLevel()):
+        for policy in (*lineup_baselines(), RankLevel()):
             fitted[policy.name] = copy.copy(policy)
             fitted[policy.name].fit(table.subset(train))
         for name, policy in fitted.items():

@@ -1,15 +1,18 @@
-"""The policies side by side on prompts the model was never trained on, on one backend: `auto`
-(the champion, in-process), fixed 1024, the hand rule, the simple rule (one shot without a window,
-else the hand rule) and the backend's own default (the bundled engine: one shot; transformers'
-generate: no chunking, one shot too; llama.cpp: its default micro-batch, n_ubatch 512), measured by
-the one evaluator (evaluation/comparison.py): every distinct chunk size per round for 3 rounds,
-interleaved, then only the sizes still compared, rounds until the intervals of auto's savings are
-narrower than 2% or --max-rounds pass. Prints per-prompt TTFT and regret against the measured
-best, and each saving with its 95% interval, gross and net of each policy's decision. Needs a
-champion trained on the backend's rows: run `chunkpilot train` after profiling it.
+"""`auto` raced against the lineup on one backend, on prompts drawn afresh: `auto` (the champion,
+in-process) against one shot, the backend's own default (the bundled engine's hand rule,
+generate without chunking, llama.cpp's n_ubatch 512), this machine's best single size (from its
+own profile rows of the backend and kernel), the hand rule, the simple rule and fixed 1024
+(chunkpilot.lineup), measured by the one evaluator (evaluation/comparison.py): every distinct
+chunk size per round for 3 rounds, interleaved, then only the sizes still compared, rounds until
+the intervals of auto's savings are narrower than 2% or --max-rounds pass. Prints per-prompt TTFT
+and regret against the measured best, and auto's saving over each baseline, the strongest first,
+gross, warm and cold (its first decisions of kinds never seen, and the decision tables they built
+on these cores), with 95% intervals; appends the run's record to results/ (evaluation/records.py).
+Needs a champion trained on the backend's rows: run `chunkpilot train` after profiling it.
 
-The prompts use context lengths and windows that no shipped spec has (data/specs/: 768 and 1536
-are windows no config has; the backends' lengths fall between their specs' log-spaced ones).
+The prompts are drawn from --seed (default: a new one, printed and recorded) so that their
+lengths and windows are none of the model's rows under --data (evaluation/prompts.py); --prompts
+gives lengths instead (comma-separated, the backend's own attention).
 
     .venv/bin/python bench/policies.py [--backend chunkpilot|transformers|llama.cpp] [--max-rounds 20]
 """
@@ -17,86 +20,103 @@ are windows no config has; the backends' lengths fall between their specs' log-s
 from __future__ import annotations
 
 import argparse
+import secrets
+import shlex
+import sys
 import time
+from pathlib import Path
 
-from chunkpilot.chunks import simple_rule
-from chunkpilot.contract import AttentionConfig
+from chunkpilot.contract import BACKENDS, QUANTS, AttentionConfig, ConfigError, number
+from chunkpilot.dataset import read_dataset
+from chunkpilot.paths import DATA_ROOT
 from chunkpilot.tracking import tracking_uri
-from engine.backends import open_engine
+from engine.backends import open_engine, own_attention
 from engine.config import EngineConfig
-from engine.policy import FixedPolicy, FullPolicy, RulePolicy
-from engine.predictor_client import make_auto
+from engine.predictor_client import ask, make_auto
 from engine.workload import Workload
 from evaluation.comparison import evaluate, format_evaluation
+from evaluation.lineup import baseline_policies, charge_table_builds, machine_best
+from evaluation.prompts import Kind, Seen, draw_prompts
+from evaluation.records import append_record, race_record
 
-PROMPTS: dict[str, dict[str, list[Workload]]] = {}
-PROMPTS["chunkpilot"] = {
-    "llama-tiny": [
-        Workload(700),
-        Workload(2300, AttentionConfig(768, "shift")),
-        Workload(4700, AttentionConfig(1536, "ring")),
-        Workload(7100),
-        Workload(10500, AttentionConfig(768, "ring", 4)),
-        Workload(13000, AttentionConfig(1536, "shift", 4)),
-    ],
-    "qwen2-gqa": [
-        Workload(900),
-        Workload(1800, AttentionConfig(768, "ring")),
-        Workload(3700, AttentionConfig(1536, "shift", 4)),
-    ],
+MODELS = {
+    "chunkpilot": "llama-tiny,qwen2-gqa",
+    "transformers": "llama-tiny,mistral-44m",
+    "llama.cpp": "llama-tiny,qwen2-gqa",
 }
-PROMPTS["transformers"] = {  # each model's own attention: mistral-44m's 1024-token window
-    "llama-tiny": [Workload(700), Workload(3000), Workload(6000)],
-    "mistral-44m": [Workload(n, AttentionConfig(1024, "shift")) for n in (1200, 2500, 5000)],
-}
-PROMPTS["llama.cpp"] = {  # full attention only
-    "llama-tiny": [Workload(700), Workload(3000), Workload(6000)],
-    "qwen2-gqa": [Workload(1200), Workload(2500), Workload(5000)],
-}
-DEFAULTS = {  # what the backend does when nobody picks a size
-    "chunkpilot": ("one shot", FullPolicy()),
-    "transformers": ("no chunking", FullPolicy()),
-    "llama.cpp": ("n_ubatch 512", FixedPolicy(512, capped=True)),
-}
+# the backends' prompt kinds: the bundled engine runs any attention set-up; the others their own
+LENGTHS = ((700, 2500), (2000, 5000), (4000, 9000))
+
+
+def kinds(backend: str) -> tuple[Kind, ...]:
+    if backend != "chunkpilot":
+        return tuple(Kind(lengths) for lengths in LENGTHS)  # windows: the model's own (open_engine's)
+    return (Kind((700, 3000)), Kind((1500, 6000), (512, 2048), "shift"), Kind((3000, 9000), (256, 1024), "ring", 4))
+
+
+def prompts_for(args: argparse.Namespace, engine, seed: int) -> list[Workload]:
+    own = AttentionConfig() if engine.backend == "chunkpilot" else own_attention(engine.model.config)
+    if args.prompts:
+        lengths = [number("prompts", n, int, ge=1) for n in args.prompts.split(",")]
+        return [Workload(n, own) for n in lengths]
+    rows = read_dataset(args.data)
+    mine = rows[rows.model == engine.config.model]
+    seen = Seen.of(zip(mine.context_length.tolist(), mine.window.tolist(), strict=True))
+    drawn = draw_prompts(seed, seen, kinds(engine.backend))
+    return drawn if engine.backend == "chunkpilot" else [Workload(w.context_length, own, seed=w.seed) for w in drawn]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="chunkpilot", choices=list(PROMPTS))
-    parser.add_argument(
-        "--models", help=f"comma-separated (default: the backend's, e.g. {','.join(PROMPTS['chunkpilot'])})"
-    )
-    parser.add_argument("--max-rounds", type=int, default=20)
+    parser.add_argument("--backend", default="chunkpilot", choices=BACKENDS)
+    parser.add_argument("--models", help="comma-separated (default: the backend's, e.g. llama-tiny,qwen2-gqa)")
+    parser.add_argument("--quant", default="f32", choices=QUANTS, help="llama.cpp: the GGUF's weights")
+    parser.add_argument("--max-rounds", default="20", help="most measuring rounds (1-200)")
+    parser.add_argument("--seed", help="the prompts' seed (default: drawn now, printed and recorded)")
+    parser.add_argument("--prompts", help="comma-separated lengths instead of drawn prompts")
+    parser.add_argument("--data", type=Path, default=DATA_ROOT, help="the rows whose lengths the prompts avoid")
     args = parser.parse_args()
-    prompts = PROMPTS[args.backend]
-    default, default_policy = DEFAULTS[args.backend]
+    try:
+        max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=200)
+        seed = number("seed", args.seed, int, ge=0, le=2**31 - 1) if args.seed else secrets.randbelow(2**31)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    command = shlex.join([".venv/bin/python", "bench/policies.py", *sys.argv[1:]])
     start = time.monotonic()
-    for model in args.models.split(",") if args.models else prompts:
-        engine = open_engine(EngineConfig(model=model, backend=args.backend))
-        auto = make_auto(engine.hardware(), tracking=tracking_uri())
-        policies = {
-            "auto": auto,
-            "fixed 1024": FixedPolicy(1024, capped=True),
-            "hand rule": RulePolicy(),
-            "simple rule": RulePolicy("simple-rule", simple_rule),
-            default: default_policy,
-        }
+    for model in (args.models or MODELS[args.backend]).split(","):
+        engine = open_engine(EngineConfig(model=model, backend=args.backend, quant=args.quant))
+        hardware = engine.hardware()
+        auto = make_auto(hardware, tracking=tracking_uri())
+        workloads = prompts_for(args, engine, seed)
+        baselines = baseline_policies(args.backend, machine_best(args.data, engine))
         print(
             f"\n{model} on {args.backend} ({engine.runtime.threads} threads), champion v{auto.predictor.version}, "
-            f"at most {args.max_rounds} rounds:",
+            f"at most {max_rounds} rounds; prompts of seed {seed}: {'; '.join(w.label for w in workloads)}",
             flush=True,
         )
-        tabled = auto.warm_up([engine.request(w.context_length, w.attention) for w in prompts[model]])
-        print(f"auto's decision table answers {tabled} of {len(prompts[model])} prompts (built before any timing)")
-        result = evaluate(
-            engine,
-            policies,
-            prompts[model],
-            [("auto", "hand rule"), ("auto", "fixed 1024"), ("auto", "simple rule"), ("auto", default)],
-            max_rounds=args.max_rounds,
-        )
+        table = auto.predictor.table
+
+        def kind_of(p, engine=engine, hardware=hardware) -> str:
+            return ask(engine.request(p.case.context_length, p.case.attention), hardware).kind()
+
+        def tables(table=table) -> tuple[int, int, float]:
+            summary = table.summary()
+            return summary["kinds"], summary["kinds_built"], summary["build_s_total"]
+
+        try:
+            result = evaluate(
+                engine,
+                {"auto": auto, **baselines},
+                workloads,
+                [("auto", name) for name in baselines],
+                max_rounds=max_rounds,
+                after_first=charge_table_builds(kind_of, tables),
+            )
+        finally:
+            auto.close()
         print(format_evaluation(result), flush=True)
-    print(f"\nfinished in {(time.monotonic() - start) / 60:.1f} min")
+        append_record(race_record(result, command, None if args.prompts else seed, args.backend, model))
+    print(f"\nfinished in {(time.monotonic() - start) / 60:.1f} min; recorded in results/runs.jsonl")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from chunkpilot.paths import SHIPPED_DIR, SPECS_DIR
 from chunkpilot.recipe import DEFAULT
 from profiler.plan import space_filling_order
 from profiler.spec import Spec
-from training.baselines import BestFixed, FixedChunk, HandRule
+from training.baselines import BestSingleSize, FixedSpec
 from training.data import Table, load_table
 from training.metrics import records, summarize_regret
 from training.served import served_fit
@@ -71,7 +71,7 @@ def main() -> None:
         f"{test.rows.group.nunique()} held out for evaluation\n"
     )
 
-    flat = {p.name: evaluate(p, None, test) for p in (FixedChunk(1024), HandRule())}
+    flat = {p.name: evaluate(p, None, test) for p in (FixedSpec("fixed-1024", "1024"), FixedSpec("hand-rule", "rule"))}
     results = []
     for budget in budgets:
         keys = {c.key for c, t in zip(pool, spent, strict=True) if t <= budget}
@@ -80,7 +80,7 @@ def main() -> None:
             continue
         train = table.subset(table.rows.group[table.rows.config_key.isin(keys)].unique())
         served = served_fit([DEFAULT], {})(train)[DEFAULT]  # the served recipe, as it serves
-        model, fixed = evaluate(served, None, test), evaluate(BestFixed(), train, test)
+        model, fixed = evaluate(served, None, test), evaluate(BestSingleSize(), train, test)
         results.append(
             {
                 "minutes": budget,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
@@ -164,30 +164,48 @@ class Segment(NamedTuple, Generic[T]):
 
 
 def segments(
-    decide: Callable[[int], T],
+    decide: Callable[[list[int]], list[T | None]],
     agree: Callable[[tuple[int, T], tuple[int, T]], bool],
-    first: int,
-    low: tuple[int, T],
-    high: tuple[int, T],
+    cells: Iterable[tuple[int, int]],
     at: int | None = None,
-) -> Iterator[Segment[T]]:
-    """Lengths first..high's as segments of one decision, given `decide` at `low` (first or first - 1)
-    and at `high`: where the two disagree the choice flips in between, and the lengths are halved
-    (one decision each) until every segment's ends agree or it is one length, so that each length
-    gets the decision taken at it wherever a flip is found. `at`: only the segment holding that
-    length (log2 of the width decisions; the same ones the whole walk takes on its way there)."""
-    (a, _), (b, _) = low, high
-    if agree(low, high):
-        yield Segment(first, b, low, high)
-    elif b - a <= 1:
-        if first <= a and (at is None or at == a):
-            yield Segment(a, a, low, low)
-        if at is None or at == b:
-            yield Segment(b, b, high, high)
-    else:
-        m = (a + b) // 2
-        mid = (m, decide(m))
-        if at is None or at <= m:
-            yield from segments(decide, agree, first, low, mid, at)
-        if at is None or at > m:
-            yield from segments(decide, agree, m + 1, mid, high, at)
+) -> list[Segment[T]]:
+    """Each cell (first, last) of lengths as segments of one decision, in order of length: decided
+    at its two ends, and where they disagree the choice flips in between, so the lengths are halved
+    (one decision each) until every segment's ends agree or it is one length; each length gets the
+    decision taken at it wherever a flip is found. `decide` takes many lengths at once (every cell's
+    ends, then each round's midpoints: a few batched calls, not one per length) and says None for a
+    length no candidate fits, whose cell is left out (feasibility only grows with the length). `at`:
+    only the segment holding that length (the same decisions the whole walk takes on its way there)."""
+    cells = [(first, last) for first, last in cells if at is None or first <= at <= last]
+    known: dict[int, T | None] = {}
+
+    def decided(lengths: Iterable[int]) -> None:
+        todo = sorted(set(lengths) - known.keys())
+        known.update(zip(todo, decide(todo), strict=True))
+
+    decided(n for cell in cells for n in cell)
+    out: list[Segment[T]] = []
+    # (first length, (a, decision at a), (b, decision at b)): a segment still to settle
+    pending = [(first, (first, known[first]), (last, known[last])) for first, last in cells if known[first] is not None]
+    while pending:
+        split = []
+        for first, low, high in pending:
+            (a, _), (b, _) = low, high
+            if agree(low, high):
+                out.append(Segment(first, b, low, high))
+            elif b - a <= 1:
+                if first <= a and (at is None or at == a):
+                    out.append(Segment(a, a, low, low))
+                if at is None or at == b:
+                    out.append(Segment(b, b, high, high))
+            else:
+                split.append((first, low, high, (a + b) // 2))
+        decided(m for *_, m in split)
+        pending = []
+        for first, low, high, m in split:
+            mid = (m, known[m])
+            if at is None or at <= m:
+                pending.append((first, low, mid))
+            if at is None or at > m:
+                pending.append((m + 1, mid, high))
+    return sorted(out, key=lambda s: s.first)

@@ -437,6 +437,14 @@ class Candidate(BaseModel):
     predicted_ttft_ms: float = Field(description="the TTFT the model predicts with it, ms")
 
 
+class Anchor(Candidate):
+    """The strongest simple baseline of the request's machine, backend and kernel (chunkpilot.lineup):
+    what do-no-harm keeps when the model is unsure, and what `auto` falls back to."""
+
+    name: str = Field(description="the baseline, e.g. 'best single size (2048)', 'one shot', 'simple rule'")
+    spec: str = Field(description="the baseline as `--chunk-size` takes it: a size, 'full', 'rule' or 'simple-rule'")
+
+
 class ChunkResponse(BaseModel):
     """The service's answer to one request: what it sends and what the engine reads back (the service
     holds it with what only it reads: predictor.answer.Answer)."""
@@ -446,9 +454,10 @@ class ChunkResponse(BaseModel):
     top: list[Candidate] = Field(description="the fastest candidates by the model's prediction, fastest first")
     rule: Candidate = Field(description="the hand rule's size and the TTFT the model predicts with it")
     model_version: str = Field(description="the registered model version that answered")
-    source: Literal["model", "table", "rule"] = Field(
+    anchor: Anchor = Field(description="the strongest simple baseline here, its size and the TTFT predicted with it")
+    source: Literal["model", "table", "anchor"] = Field(
         description="the recipe decided now (model), its decision table answered (table), or the decision "
-        "budget left it to the hand rule while the table builds (rule)"
+        "budget left it to the anchor while the table builds (anchor)"
     )
     explored: bool = Field(
         default=False,
@@ -459,7 +468,7 @@ class ChunkResponse(BaseModel):
     )
     deferred: bool = Field(
         default=False,
-        description="do-no-harm kept the rule's size: the predicted saving was within the members' spread",
+        description="do-no-harm kept the anchor's size: the predicted saving was within the members' spread",
     )
     span: tuple[int, int] | None = Field(
         default=None,

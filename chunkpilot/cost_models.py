@@ -33,6 +33,7 @@ from typing import Protocol
 import lightgbm as lgb
 import numpy as np
 
+from .chunk_features import COLUMNS as CHUNK_CONFIG
 from .chunk_features import chunk_features
 from .chunks import chunk_count
 from .contract import SHAPE_COLUMNS, number
@@ -51,6 +52,7 @@ LGBM = {
 }
 MEMBERS = 5
 _N, _C, _B = FEATURES.index("context_length"), FEATURES.index("chunk_size"), FEATURES.index("backend")
+_CONFIG = list(CHUNK_CONFIG.values())  # the plan features a chunk's cost depends on besides its q and h
 
 # per chunk: (query tokens, history) -> an additive log-ms correction [chunks] (chunkpilot.correction)
 Adjust = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -190,10 +192,18 @@ class PerChunk:
         """[K, rows] log ms of each uniform plan as the sum of its chunks' predicted costs."""
         owner, q, h, weight = priced_chunks(x)
         n = x[:, _N]
-        # the priced chunks, then each plan's first decode step (one token after n): one call per member
-        log_ms = self.chunk_log_ms(
-            x[np.concatenate([owner, np.arange(len(x))])], np.concatenate([q, np.ones_like(n)]), np.concatenate([h, n])
+        # the priced chunks, then each plan's first decode step (one token after n): one call per
+        # member, on each distinct chunk once (a chunk's cost depends on its config, q and h only, so
+        # the plans of one config share most of theirs: a decision table's lengths, a fold's sizes)
+        rows, cq, ch = (
+            np.concatenate([owner, np.arange(len(x))]),
+            np.concatenate([q, np.ones_like(n)]),
+            np.concatenate([h, n]),
         )
+        config = np.unique(x[:, _CONFIG], axis=0, return_inverse=True)[1].reshape(-1)  # [rows of x] its config's id
+        key = (config[rows] << 42) | (cq.astype(np.int64) << 21) | ch.astype(np.int64)  # q, h < 2**21 (MAX_CONTEXT)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        log_ms = self.chunk_log_ms(x[rows[first]], cq[first], ch[first])[:, inverse]
         chunks, decode = log_ms[:, : len(q)], log_ms[:, len(q) :]  # [K, priced chunks], [K, rows]
         if adjust is not None:
             chunks = chunks + adjust(x[owner], q, h)

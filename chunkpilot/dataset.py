@@ -39,11 +39,26 @@ from chunkpilot.contract import (
     Outcome,
     RequestFeatures,
 )
+from chunkpilot.lineup import MeasuredConfig, anchor_key
 from chunkpilot.paths import inside
 
 # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
 # version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it; older files read
 HARNESS_VERSION = "6"
+# The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
+# engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
+# faster, most at small chunks: docs/performance.md), after which version 5 was the first; split
+# was born with 6. An older row of that label was measured by code that no longer runs: training
+# leaves it out unless asked (`chunkpilot train --older-engines`), and a test keeps it that way.
+KERNEL_SINCE: dict[tuple[str, str], int] = {
+    ("chunkpilot", "masked"): 5,
+    ("chunkpilot", "eager"): 5,
+    ("chunkpilot", "split"): 6,
+    ("transformers", "masked"): 5,
+    ("transformers", "eager"): 5,
+    ("llama.cpp", "masked"): 5,
+    ("llama.cpp", "eager"): 5,
+}
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
 TELEMETRY_PREFIX = "telemetry-"  # their config keys
@@ -362,3 +377,38 @@ class Partition:
                 break
             total -= size
             oldest.unlink(missing_ok=True)
+
+
+def measured_by_today(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row was measured by today's code of its backend and kernel (KERNEL_SINCE); the
+    engine's own telemetry always was."""
+    since = [KERNEL_SINCE.get((b, k), 0) for b, k in zip(rows.backend, rows.attn_impl, strict=True)]
+    versions = pd.to_numeric(rows.harness_version, errors="coerce").fillna(0).to_numpy()
+    return pd.Series(versions >= since, index=rows.index) | (rows.spec_name == "telemetry")
+
+
+def measured_configs(rows: pd.DataFrame) -> dict[tuple[str, str], MeasuredConfig]:
+    """(config_key, hardware_id) -> its measured sizes and TTFTs, as chunkpilot.lineup scores a
+    baseline on them."""
+    return {
+        key: MeasuredConfig(
+            r.chunk_size.tolist(),
+            r.ttft_ms.tolist(),
+            int(first.context_length),
+            int(first.window) or None,
+            first.layout,
+        )
+        for key, r in rows.groupby(["config_key", "hardware_id"], sort=False)
+        for first in [r.iloc[0]]
+    }
+
+
+def anchor_configs(rows: pd.DataFrame) -> dict[str, list[MeasuredConfig]]:
+    """Each machine's configs per backend and kernel (chunkpilot.lineup.anchor_key): what its best
+    single size and its anchor are chosen from."""
+    firsts = rows.drop_duplicates(["config_key", "hardware_id"]).set_index(["config_key", "hardware_id"])
+    out: dict[str, list[MeasuredConfig]] = {}
+    for (config, hardware), measured in measured_configs(rows).items():
+        first = firsts.loc[(config, hardware)]
+        out.setdefault(anchor_key(hardware, first.backend, first.attn_impl), []).append(measured)
+    return out

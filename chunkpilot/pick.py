@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk, rule_candidate
+from .chunks import DEFAULT_CHUNKS, feasible_chunks, landed, max_chunk, rule_candidate
 from .contract import ChunkRequest, Hardware
 from .features import build
+from .lineup import Baseline, applied
 from .recipe import Choice, Recipe
 
 
@@ -49,9 +50,10 @@ def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) 
     return {**found, **{k: v for k, v in given.items() if v or k not in found}}
 
 
-def candidates(request: ChunkRequest) -> list[int]:
-    """The request's sizes (or the defaults) that fit its prompt and layout, cut to them."""
-    n, att = request.context_length, request.attention
+def candidates(request: ChunkRequest, n: int | None = None) -> list[int]:
+    """The request's sizes (or the defaults) that fit its prompt (or one of `n` tokens) and layout,
+    cut to them."""
+    n, att = n or request.context_length, request.attention
     asked = tuple(request.candidates or DEFAULT_CHUNKS)
     chosen, _ = feasible_chunks(asked, n, att.window, att.layout)
     if not chosen:
@@ -62,10 +64,16 @@ def candidates(request: ChunkRequest) -> list[int]:
     return chosen
 
 
-def rule_size(request: ChunkRequest, chunks: list[int]) -> int:
-    """The hand rule's size among `chunks`."""
+def rule_size(request: ChunkRequest, chunks: list[int], n: int | None = None) -> int:
+    """The hand rule's size among `chunks` (for a prompt of `n` tokens, else the request's)."""
     att = request.attention
-    return rule_candidate(chunks, request.context_length, att.window, att.layout)
+    return rule_candidate(chunks, n or request.context_length, att.window, att.layout)
+
+
+def anchor_size(anchor: Baseline, request: ChunkRequest, chunks: list[int], n: int | None = None) -> int:
+    """The anchor's size among `chunks` (for a prompt of `n` tokens, else the request's)."""
+    att = request.attention
+    return landed(chunks, applied(anchor.spec, n or request.context_length, att.window, att.layout))
 
 
 def feature_rows(table: dict, request: ChunkRequest, chunks: list[int]) -> np.ndarray:
@@ -75,31 +83,85 @@ def feature_rows(table: dict, request: ChunkRequest, chunks: list[int]) -> np.nd
 
 
 # a decision as one row of the registered MLflow model's output: column -> MLflow type
-ROW = {"chunk_size": "long", "predicted_ttft_ms": "double", "rule_chunk_size": "long", "deferred": "boolean"}
+ROW = {
+    "chunk_size": "long",
+    "predicted_ttft_ms": "double",
+    "rule_chunk_size": "long",
+    "anchor_chunk_size": "long",
+    "anchor": "string",
+    "deferred": "boolean",
+}
+
+
+def request_anchor(recipe: Recipe, request: ChunkRequest) -> Baseline:
+    """The anchor of the request's machine, backend and kernel."""
+    return recipe.anchor(request.hardware.hardware_id, request.backend, request.attn_impl)
 
 
 @dataclass(frozen=True)
 class Picked:
     chunks: list[int]  # the feasible candidates
     rule: int  # the hand rule's index among them
+    anchor: Baseline  # the strongest simple baseline here
+    anchored: int  # its index among them
     x: np.ndarray  # [candidates, FEATURES]
     choice: Choice
     ms: list[float]  # [candidates] predicted TTFT
 
     def row(self) -> dict:
         """The decision as the MLflow model answers it (ROW's columns)."""
-        i = self.choice.index
-        values = (self.chunks[i], self.ms[i], self.chunks[self.rule], self.choice.deferred)
+        i, rule, anchored = self.choice.index, self.chunks[self.rule], self.chunks[self.anchored]
+        values = (self.chunks[i], self.ms[i], rule, anchored, self.anchor.name, self.choice.deferred)
         return dict(zip(ROW, values, strict=True))
+
+
+def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[int]) -> list[Picked | Infeasible]:
+    """The recipe's decisions for `request` at each of `lengths` (Infeasible where it has none): one
+    feature build and one call of the cost model for them all (a decision table's cells at once),
+    each length's choice exactly what `pick` makes at it (a row's prediction does not depend on its
+    batch)."""
+    hw = resolve_hardware(table, request.hardware, request.dtype, request.threads)
+    anchor = request_anchor(recipe, request)
+    plans: list[tuple[int, list[int]] | Infeasible] = []
+    for n in lengths:
+        try:
+            plans.append((n, candidates(request, n)))
+        except Infeasible as exc:
+            plans.append(exc)
+    feasible = [p for p in plans if not isinstance(p, Infeasible)]
+    if not feasible:
+        return plans  # type: ignore[return-value]
+    counts = [len(chunks) for _, chunks in feasible]
+    x = build(
+        {
+            **request.row(hw),
+            "context_length": np.repeat([n for n, _ in feasible], counts),
+            "chunk_size": np.concatenate([chunks for _, chunks in feasible]),
+        }
+    )
+    members = recipe.members(x)  # [K, rows]
+    starts = np.cumsum([0, *counts]).tolist()
+    out: list[Picked | Infeasible] = []
+    j = 0  # the next feasible plan's place among the feasible
+    for plan in plans:
+        if isinstance(plan, Infeasible):
+            out.append(plan)
+            continue
+        n, chunks = plan
+        rows, j = slice(starts[j], starts[j + 1]), j + 1
+        anchored = chunks.index(anchor_size(anchor, request, chunks, n))
+        choice = recipe.choose(members[:, rows], x[rows], anchored)
+        ms = np.exp(choice.log_ms).tolist()
+        if not all(map(math.isfinite, ms)):
+            out.append(Infeasible("the model predicted a non-finite TTFT for this request", "non_finite"))
+            continue
+        out.append(Picked(chunks, chunks.index(rule_size(request, chunks, n)), anchor, anchored, x[rows], choice, ms))
+    return out
 
 
 def pick(recipe: Recipe, table: dict, request: ChunkRequest) -> Picked:
     """The recipe's decision for `request` at exactly its length (Infeasible when it has none)."""
-    chunks = candidates(request)
-    rule = chunks.index(rule_size(request, chunks))
-    x = feature_rows(table, request, chunks)
-    choice = recipe.pick(x, rule)
-    ms = np.exp(choice.log_ms).tolist()
-    if not all(map(math.isfinite, ms)):
-        raise Infeasible("the model predicted a non-finite TTFT for this request", "non_finite")
-    return Picked(chunks, rule, x, choice, ms)
+    (picked,) = pick_many(recipe, table, request, [request.context_length])
+    if isinstance(picked, Infeasible):
+        raise picked
+    return picked

@@ -3,9 +3,13 @@ parameters, saved as one folder and read back by `load_recipe`, the one function
 cross-validation and the service call: what is judged is exactly what is served.
 
 The chooser takes the argmin of the members' mean predicted TTFT, unless "do no harm" applies: the
-hand rule's size (whose worst case users already know) stays when the predicted saving over it is
-within `z` standard deviations of the members' disagreement about that saving, widened by the noise
-this machine's correction brings into the two sizes' predictions (chunkpilot.correction).
+anchor's size stays when the predicted saving over it is within `z` standard deviations of the
+members' disagreement about that saving, widened by the noise this machine's correction brings
+into the two sizes' predictions (chunkpilot.correction). The anchor is the strongest simple
+baseline of the request's machine, backend and kernel on the training rows (chunkpilot.lineup:
+one shot, the backend's default, the machine's best single size, the rules, fixed 1024), fitted
+with the cost model and saved with it: where the model cannot know better, it makes the strongest
+baseline's choice, never a weaker one's.
 
 DEFAULT names the recipe `chunkpilot train` registers; the training table shows why (docs/training.md).
 """
@@ -22,13 +26,14 @@ from . import chunk_features
 from .correction import Correction
 from .cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
 from .features import FEATURES
+from .lineup import Baseline, MeasuredConfig, anchor_for, fit_anchors
 
 # what a recipe is trained on: the plan's features and the per-chunk cost model's. A recipe saved
 # with another list (an older ChunkPilot) is refused here and replaced by the promotion gate
 FEATURE_SET = [*FEATURES, *(f"chunk.{name}" for name in chunk_features.NAMES)]
 
 RECIPE_FILE = "recipe.json"
-FORMAT = 2  # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin
+FORMAT = 3  # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin; 3: anchors
 # the run params a registered champion must share with this ChunkPilot to serve it (the promotion gate)
 COMPATIBLE = {"features": ",".join(FEATURE_SET), "recipe_format": str(FORMAT)}
 
@@ -38,7 +43,7 @@ class Choice:
     """What the chooser picks among one config's candidates, and how sure the members are of it."""
 
     index: int  # among the candidates
-    deferred: bool  # do-no-harm took the rule's size
+    deferred: bool  # do-no-harm took the anchor's size
     log_ms: np.ndarray  # [candidates] the members' mean
     spread: np.ndarray  # [candidates] the members' standard deviation of log ms
     gain_sd: np.ndarray  # [candidates] the members' standard deviation of (candidate - choice)
@@ -48,17 +53,17 @@ class Choice:
 class Chooser:
     z: float = 1.0  # do no harm within z standard deviations of the predicted saving; 0: plain argmin
 
-    def pick(self, members: np.ndarray, rule: int | None, noise: np.ndarray | None = None) -> Choice:
-        """The choice among the candidates from `members` [K, candidates] log ms; `rule` is the rule's
-        index among them; `noise` [candidates, candidates] the variance the correction adds to each
-        difference."""
+    def pick(self, members: np.ndarray, anchor: int | None, noise: np.ndarray | None = None) -> Choice:
+        """The choice among the candidates from `members` [K, candidates] log ms; `anchor` is the
+        anchor's index among them; `noise` [candidates, candidates] the variance the correction adds
+        to each difference."""
         mean = members.mean(0)
         index, deferred = int(np.argmin(mean)), False
-        if self.z > 0 and rule is not None and index != rule:
-            saving = members[:, rule] - members[:, index]  # [K] each member's own predicted saving
-            added = 0.0 if noise is None else noise[rule, index]
+        if self.z > 0 and anchor is not None and index != anchor:
+            saving = members[:, anchor] - members[:, index]  # [K] each member's own predicted saving
+            added = 0.0 if noise is None else noise[anchor, index]
             if saving.mean() <= self.z * np.sqrt(saving.var() + added):
-                index, deferred = rule, True
+                index, deferred = anchor, True
         gain_var = (members - members[:, [index]]).var(0) + (0.0 if noise is None else noise[:, index])
         return Choice(index, deferred, mean, members.std(0), np.sqrt(gain_var))
 
@@ -69,15 +74,22 @@ class Recipe:
     cost: CostModel
     chooser: Chooser = field(default_factory=Chooser)
     correction: Correction | None = None  # this machine's, learnt from its prefills (per-chunk only)
+    anchors: dict[str, Baseline] = field(default_factory=dict)  # chunkpilot.lineup.anchor_key -> its anchor
 
     @property
     def params(self) -> dict:
         """What makes the recipe: two recipes with equal params train to the same model."""
         return {"cost": self.cost.kind, "lgbm": self.cost.params, "members": self.cost.size, "z": self.chooser.z}
 
-    def fit(self, data: Measured) -> Recipe:
+    def fit(self, data: Measured, configs: dict[str, list[MeasuredConfig]]) -> Recipe:
+        """The cost model fitted on `data`; the anchors on `configs` (anchor key -> its configs)."""
         self.cost.fit(data)
+        self.anchors = fit_anchors(configs)
         return self
+
+    def anchor(self, hardware_id: str | None, backend: str, attn_impl: str) -> Baseline:
+        """The anchor of a request on this machine, backend and kernel (chunkpilot.lineup.anchor_for)."""
+        return anchor_for(self.anchors, hardware_id, backend, attn_impl)
 
     def _adjust(self) -> Adjust | None:
         return None if self.correction is None or not self.correction.prefills else self.correction.offsets
@@ -94,11 +106,12 @@ class Recipe:
         """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
         return self.cost.members(x, self._adjust())
 
-    def pick(self, x: np.ndarray, rule: int | None) -> Choice:
-        """One config's candidates, `x` [candidates, FEATURES]: the service's call. Without a learnt
-        correction it is exactly cross-validation's `chooser.pick` on the same members."""
+    def choose(self, members: np.ndarray, x: np.ndarray, anchor: int | None) -> Choice:
+        """One config's candidates, `x` [candidates, FEATURES], their members [K, candidates] (a
+        batch's share: chunkpilot.pick.pick_many), and the anchor's index among them: the service's
+        call. Without a learnt correction it is exactly cross-validation's `chooser.pick`."""
         noise = None if self._adjust() is None else self.correction.difference_variance(x)
-        return self.chooser.pick(self.members(x), rule, noise)
+        return self.chooser.pick(members, anchor, noise)
 
     def residuals(self, x: np.ndarray, chunk_ms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One measured prefill of the uniform plan `x` [1, FEATURES]: (its chunks' config rows, query
@@ -117,6 +130,7 @@ class Recipe:
             "cost": self.cost.save(folder),
             "chooser": {"z": self.chooser.z},
             "features": FEATURE_SET,
+            "anchors": {key: list(anchor) for key, anchor in self.anchors.items()},
         }
         (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
         return folder
@@ -138,7 +152,10 @@ def load_recipe(folder: Path) -> Recipe:
             f"recipe {saved.get('name')!r} was trained on other features ({len(saved.get('features', []))}) "
             f"than this ChunkPilot builds ({len(FEATURE_SET)}): retrain it (chunkpilot train)"
         )
-    return Recipe(saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]))
+    anchors = {key: Baseline(*anchor) for key, anchor in saved["anchors"].items()}
+    return Recipe(
+        saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]), None, anchors
+    )
 
 
 # the recipes training judges side by side; DEFAULT is the one registered (see the table in docs/training.md)

@@ -20,12 +20,12 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # each command's module adds its own arguments and imports torch only inside its `run`
-    from . import demo, hardware, prefill, profile, retrain, serve, train
+    from . import demo, hardware, prefill, profile, results, retrain, serve, train
 
     parser = OneLineParser(prog="chunkpilot", description="Per-request prefill chunk sizes, from measurements.")
     parser.add_argument("--version", action="version", version=f"chunkpilot {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for module in (prefill, profile, train, retrain, serve, hardware, demo):
+    for module in (prefill, profile, train, retrain, serve, hardware, demo, results):
         name = module.__name__.rsplit(".", 1)[1]
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_args(command)

@@ -1,26 +1,34 @@
 """`chunkpilot demo`, the main job end to end: profile this machine briefly, train and register
 (through the promotion gate), serve the champion, let it learn this machine from a short workload
-of its own prefills (telemetry on, bounded exploration), then compare `auto`, fixed 1024 and the
-hand rule on other prompts of the same kinds with the evaluator (evaluation/comparison.py): TTFT and
-regret per prompt and policy, and auto's saving over each with its 95% interval. The comparison's
-own measurements never reach the model (it measures fixed sizes; auto is only asked)."""
+of its own prefills (telemetry on, bounded exploration), then race `auto` against the lineup (one
+shot, the engine's default, this machine's best single size from its own profile rows, the hand
+rule, the simple rule, fixed 1024: chunkpilot.lineup) on prompts drawn afresh from a seeded
+generator whose lengths and windows no profile or learning prompt of the model holds
+(evaluation/prompts.py), with the evaluator (evaluation/comparison.py): TTFT and regret per prompt
+and policy, and auto's saving over each, the strongest first, gross, warm and cold (its first
+decisions of kinds the service never saw, and the decision tables they built on these cores), with
+95% intervals. The comparison's own measurements never reach the model (it measures fixed sizes;
+auto is only asked). Every run appends its record to results/ (evaluation/records.py)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import time
 from pathlib import Path
 
 from chunkpilot.contract import AttentionConfig, number
 from chunkpilot.paths import DATA_ROOT, SPECS_DIR
 from engine.workload import Workload
+from evaluation.prompts import Seen, draw_prompts
+from evaluation.records import append_record, race_record
 from predictor.settings import Settings
 
 from .fields import add_fields, build, values
 from .processes import free_port, start_service, wait_ready
 
-HELP = "the main job: profile briefly, train, serve, learn from prefills, compare auto vs fixed 1024 vs the hand rule"
+HELP = "the main job: profile briefly, train, serve, learn from prefills, race auto against the strongest baselines"
 # the deployment's own prompts, learnt from: the same kinds as the comparison's (no window, shift and
 # ring windows, sinks), none of their lengths or windows
 LEARN = [
@@ -34,15 +42,6 @@ LEARN = [
     Workload(1800, AttentionConfig(384, "ring", 4)),
 ]
 LEARN_PASSES = 3  # each learning prompt (other words each time)
-# lengths and attention set-ups in neither the demo's profile grid nor the learning workload
-PROMPTS = [
-    Workload(1200),
-    Workload(3000),
-    Workload(3000, AttentionConfig(1024, "shift")),
-    Workload(6000, AttentionConfig(512, "ring")),
-    Workload(2500, AttentionConfig(256, "ring", 4)),
-    Workload(9000, AttentionConfig(2048, "shift")),
-]
 
 
 SERVICE_FLAGS = {"explore_budget": ("--explore-budget", "--explore")}  # the learning phase's service
@@ -59,6 +58,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--minutes", default="13", help="the demo's time budget: the comparison adds rounds while they fit in it"
     )
+    parser.add_argument("--seed", help="the race prompts' seed (default: drawn now, printed and recorded)")
     add_fields(parser, Settings, SERVICE_FLAGS)
 
 
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     from chunkpilot.dataset import read_dataset
+    from evaluation.comparison import format_evaluation
     from profiler.run import log_run, open_run, run_profile
     from profiler.spec import Spec
     from training.train import train_and_report
@@ -82,9 +83,12 @@ def run(args: argparse.Namespace) -> int:
     minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)
     max_rounds = number("max_rounds", args.max_rounds, int, ge=1, le=200)
     budget = number("minutes", args.minutes, float, gt=0, le=120)
+    seed = number("seed", args.seed, int, ge=0, le=2**31 - 1) if args.seed is not None else secrets.randbelow(2**31)
     explore = build(Settings, **values(args, SERVICE_FLAGS)).explore_budget
     start = time.monotonic()
     spec = Spec.from_file(args.spec)
+    prompts = draw_prompts(seed, seen(args.model, spec, args.data))
+    print(f"race prompts drawn from seed {seed}: {'; '.join(w.label for w in prompts)}", flush=True)
     _step(1, f"profiling this machine for up to {minutes:g} min ({args.spec}), beside the shipped data", start)
     publisher = open_run(spec, args.data)
     report = run_profile(spec, args.data, minutes, publisher)
@@ -124,17 +128,21 @@ def run(args: argparse.Namespace) -> int:
         _step(
             5,
             f"restarted the service without exploring (its correction re-learnt from the {learnt} prefills kept in "
-            f"its telemetry); {args.model}: {len(PROMPTS)} other prompts, every chunk size (each policy's choice "
-            f"among them) for {min(FULL_ROUNDS, max_rounds)} rounds, then only the sizes still compared, rounds "
-            f"while they fit in {budget:g} min ({min(5, max_rounds)} to {max_rounds})",
+            f"its telemetry); {args.model}: {len(prompts)} prompts drawn from seed {seed}, every chunk size (each "
+            f"policy's choice among them) for {min(FULL_ROUNDS, max_rounds)} rounds, then only the sizes still "
+            f"compared, rounds while they fit in {budget:g} min ({min(5, max_rounds)} to {max_rounds})",
             start,
         )
-        table = compare_with_service(args.model, url, max_rounds, deadline=start + budget * 60 - STOP_S)
+        result = compare_with_service(
+            args.model, url, max_rounds, prompts, args.data, deadline=start + budget * 60 - STOP_S
+        )
     finally:
         service.terminate()
         service.wait(timeout=20)
     _step(6, "stopped the service", start)
-    print(table)
+    print(format_evaluation(result))
+    where = append_record(race_record(result, "make demo", seed, "chunkpilot", args.model))
+    print(f"\nrecorded in {where} (docs/results.md: .venv/bin/chunkpilot results)")
     print(
         "\nMLflow: .venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --port 5000  "
         "(experiment chunk-size: tick the runs, press Compare)"
@@ -173,41 +181,66 @@ def learn_with_service(model: str, url: str, workloads: list[Workload], passes: 
     )
 
 
+def seen(model: str, spec, data: Path) -> Seen:
+    """What `model` was profiled or taught on: the demo's grid, the learning workload and every row
+    of it under `data` (the shipped data and earlier demos)."""
+    from chunkpilot.dataset import read_dataset
+
+    rows = read_dataset(data)
+    mine = rows[rows.model == model]
+    return (
+        Seen.of((c.context_length, c.window) for c in spec.configs if c.model == model)
+        | Seen.of((w.context_length, w.attention.window) for w in LEARN)
+        | Seen.of(zip(mine.context_length.tolist(), mine.window.tolist(), strict=True))
+    )
+
+
 def compare_with_service(
-    model: str, url: str, max_rounds: int, workloads: list[Workload] | None = None, deadline: float | None = None
-) -> str:
-    """The demo's comparison: `auto` asking the service, fixed 1024, the hand rule and the simple rule
-    (one shot without a window, else the hand rule), measured by the one evaluator
-    (evaluation/comparison.py) until the savings are settled, `deadline` passes or `max_rounds` do."""
-    from chunkpilot.chunks import simple_rule
+    model: str,
+    url: str,
+    max_rounds: int,
+    workloads: list[Workload],
+    data: Path,
+    deadline: float | None = None,
+    full_rounds: int = FULL_ROUNDS,
+):
+    """The demo's race: `auto` asking the service against the lineup (this machine's best single
+    size from its rows under `data`), measured by the one evaluator (evaluation/comparison.py)
+    until the savings are settled, `deadline` passes or `max_rounds` do. Nothing is built before
+    the first decisions: auto's cold cost is what a service that never saw these kinds answers,
+    plus the decision tables those answers set building on these cores."""
+    import httpx
+
     from engine.config import EngineConfig
     from engine.engine import Engine
-    from engine.policy import FixedPolicy, RulePolicy
-    from engine.predictor_client import make_auto
-    from evaluation.comparison import evaluate, format_evaluation
+    from engine.predictor_client import ask, make_auto
+    from evaluation.comparison import evaluate
+    from evaluation.lineup import baseline_policies, charge_table_builds, machine_best
 
     engine = Engine(EngineConfig(model=model))
-    auto = make_auto(engine.hardware(), service=url)
-    policies = {
-        "auto": auto,
-        "fixed 1024": FixedPolicy(1024, capped=True),
-        "hand rule": RulePolicy(),
-        "simple rule": RulePolicy("simple-rule", simple_rule),
-    }
-    workloads = workloads or PROMPTS
+    hardware = engine.hardware()
+    auto = make_auto(hardware, service=url)
+    baselines = baseline_policies(engine.backend, machine_best(data, engine))
+    policies = {"auto": auto, **baselines}
+
+    def tables() -> tuple[int, int, float]:
+        said = httpx.get(f"{url}/v1/model", timeout=5).json()["decision_table"]
+        return said["kinds"], said["kinds_built"], said["build_s_total"]
+
+    def kind_of(p) -> str:
+        return ask(engine.request(p.case.context_length, p.case.attention), hardware).kind()
+
     try:
-        tabled = auto.warm_up([engine.request(w.context_length, w.attention) for w in workloads])
-        print(f"the service's decision table answers {tabled} of {len(workloads)} prompts (built before any timing)")
-        result = evaluate(
+        return evaluate(
             engine,
             policies,
             workloads,
-            [("auto", "hand rule"), ("auto", "fixed 1024"), ("auto", "simple rule")],
-            full_rounds=FULL_ROUNDS,
+            [("auto", name) for name in baselines],
+            full_rounds=full_rounds,
             min_rounds=5,  # a bootstrap over 5 rounds has 126 distinct resamples
             max_rounds=max_rounds,
             deadline=deadline,
+            after_first=charge_table_builds(kind_of, tables),
         )
     finally:
         auto.close()
-    return format_evaluation(result)

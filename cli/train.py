@@ -24,6 +24,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", default="chunk-size", help="MLflow experiment")
     parser.add_argument("--search-minutes", help="budget of a random hyperparameter search (default: no search)")
     parser.add_argument("--recipe", help="the recipe to register (chunkpilot.recipe.RECIPES; default: DEFAULT)")
+    parser.add_argument(
+        "--older-engines",
+        action="store_true",
+        help="keep the rows measured by code of their kernel that no longer runs (left out by default)",
+    )
     add_training_args(parser)
 
 
@@ -39,8 +44,20 @@ def run(args: argparse.Namespace) -> int:
     if recipe not in RECIPES:
         raise ConfigError("recipe", f"must be one of {', '.join(RECIPES)}; got {recipe!r}")
 
-    from training.train import train_and_report
+    import shlex
+    import sys
+
+    from evaluation.records import append_record, train_record
+    from training.baselines import LINEUP
+    from training.train import TrainResult, train_and_report
+
+    def record(result: TrainResult) -> None:  # the held-out table, for docs/results.md and the README
+        command = shlex.join(["chunkpilot", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "chunkpilot train"
+        append_record(train_record(command, result.metrics, result.recipe, LINEUP))
 
     data = None if args.from_tracking else args.data
-    print(train_and_report(data, args.experiment, params, search_minutes, recipe, compare(args)))
+    said = train_and_report(
+        data, args.experiment, params, search_minutes, recipe, compare(args), args.older_engines, record
+    )
+    print(said)
     return 0

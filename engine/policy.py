@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from chunkpilot.chunks import rule_size, simple_rule
 from chunkpilot.contract import ConfigError, RequestFeatures, number
+from chunkpilot.lineup import Baseline, applied
 
 if TYPE_CHECKING:
     from .engine import TTFTResult
@@ -78,6 +79,29 @@ class RulePolicy(ChunkPolicy):
     def decide(self, request: RequestFeatures) -> Decision:
         att = request.attention
         return Decision(self.size(request.context_length, att.window, att.layout), "rule")
+
+
+SOURCES = {"full": "full", "rule": "rule", "simple-rule": "rule"}  # a baseline's decision source; a size: fixed
+
+
+@dataclass(frozen=True)
+class BaselinePolicy(ChunkPolicy):
+    """A baseline of the lineup (chunkpilot.lineup) as the engine runs it: its spec applied, cut to
+    what the config allows; `strict`: one shot refuses a prompt it cannot take in one chunk (a race
+    then leaves it out there) instead of running the largest chunk allowed."""
+
+    baseline: Baseline
+    strict: bool = False
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.baseline.name
+
+    def decide(self, request: RequestFeatures) -> Decision:
+        spec, att, n = self.baseline.spec, request.attention, request.context_length
+        if self.strict and spec == "full":
+            att.check_chunk(n)
+        return Decision(applied(spec, n, att.window, att.layout), SOURCES.get(spec, "fixed"))
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,20 @@
 """The `auto` chunk-size policy: the engine's only way to the predictor. It asks the service over
 HTTP (keep-alive, short timeout) with this machine's measured descriptors, caches each answer for
-the lengths it holds for (a decision-table segment, else its own length) and its model version for a
-few seconds, and falls back to the hand rule on a timeout,
-a refused connection, an error status or an infeasible answer, saying why; a circuit breaker stops
-asking after repeated failures and probes again later. An in-process variant loads the model."""
+the lengths it holds for (a decision-table segment, else its own length) and its model version (an
+answer older than a few seconds still answers at once and is asked again in the background, so a
+steady decision never costs more than a first one), and falls back to the anchor (the strongest
+simple baseline of this machine, backend and kernel, as the service last said: chunkpilot.lineup)
+on a timeout, a refused connection, an error status or an infeasible answer, saying why; a circuit
+breaker stops asking after repeated failures and probes again later. An in-process variant loads
+the model."""
 
 from __future__ import annotations
 
 import bisect
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,9 +22,10 @@ import httpx
 from pydantic import ValidationError
 
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
+from chunkpilot.lineup import Baseline, anchor_for, anchor_key, applied
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
-from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision, RulePolicy
+from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
 from .telemetry import Reporter, outcome
 
 if TYPE_CHECKING:
@@ -43,23 +49,28 @@ class Remembered:
 
 @dataclass
 class Answers:
-    """The service's answers per kind of request, each for its span of lengths, for `ttl_s`."""
+    """The service's answers per kind of request, each for its span of lengths; one older than
+    `ttl_s` is stale: it still answers, and is asked again."""
 
     ttl_s: float
     kinds: dict[str, list[Remembered]] = field(default_factory=dict)  # sorted by first, disjoint
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the background refresh writes too
 
-    def get(self, request: RequestFeatures) -> Remembered | None:
-        n, spans = request.context_length, self.kinds.get(request.kind(), [])
-        i = bisect.bisect_right(spans, n, key=lambda r: r.first) - 1
-        found = spans[i] if i >= 0 and spans[i].last >= n else None
-        return found if found is not None and time.monotonic() - found.at < self.ttl_s else None
+    def get(self, request: RequestFeatures) -> tuple[Remembered, bool] | None:
+        """(the answer holding the request's length, whether it is stale), or None."""
+        n = request.context_length
+        with self.lock:
+            spans = self.kinds.get(request.kind(), [])
+            i = bisect.bisect_right(spans, n, key=lambda r: r.first) - 1
+            found = spans[i] if i >= 0 and spans[i].last >= n else None
+        return None if found is None else (found, time.monotonic() - found.at >= self.ttl_s)
 
     def put(self, request: RequestFeatures, answer: Remembered) -> None:
-        """Kept in place of the answers it overlaps (a rebuilt table may draw other segments) and
-        of those past their time."""
-        now, spans = time.monotonic(), self.kinds.setdefault(request.kind(), [])
-        spans[:] = [r for r in spans if (r.last < answer.first or r.first > answer.last) and now - r.at < self.ttl_s]
-        bisect.insort(spans, answer, key=lambda r: r.first)
+        """Kept in place of the answers it overlaps (a rebuilt table may draw other segments)."""
+        with self.lock:
+            spans = self.kinds.setdefault(request.kind(), [])
+            spans[:] = [r for r in spans if r.last < answer.first or r.first > answer.last]
+            bisect.insort(spans, answer, key=lambda r: r.first)
 
 
 def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) -> ChunkRequest:
@@ -79,13 +90,15 @@ def checked_schedule(schedule: list[int] | None, request: RequestFeatures) -> tu
 _warned = False
 
 
-def fall_back(request: RequestFeatures, reason: str) -> Decision:
-    """The hand rule's answer, with the reason; the process's first fallback says so on stderr."""
+def fall_back(request: RequestFeatures, reason: str, anchor: Baseline) -> Decision:
+    """The anchor's size, with the reason; the process's first fallback says so on stderr."""
     global _warned
     if not _warned:
         _warned = True
-        print(f"chunkpilot: auto fell back to the hand rule: {reason}", file=sys.stderr, flush=True)
-    return Decision(RulePolicy().decide(request).chunk_size, "fallback", None, reason)
+        print(f"chunkpilot: auto fell back to {anchor.name}: {reason}", file=sys.stderr, flush=True)
+    att = request.attention
+    size = applied(anchor.spec, request.context_length, att.window, att.layout)
+    return Decision(size, "fallback", None, f"{reason}; {anchor.name} answered")
 
 
 def failure_reason(exc: Exception, url: str, timeout_s: float) -> str:
@@ -135,6 +148,11 @@ class Observing(ChunkPolicy):
 
     hardware: Hardware
     reporter: Reporter | None
+    anchors: dict[str, Baseline]  # chunkpilot.lineup.anchor_key -> the model's anchor there
+
+    def anchor(self, request: RequestFeatures) -> Baseline:
+        """What a fallback answers: the model's anchor for this machine, backend and kernel."""
+        return anchor_for(self.anchors, self.hardware.hardware_id, request.backend, request.attn_impl)
 
     def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
         # the dataset's rows are one size each; the service checks an outcome by its chunks' times, so
@@ -163,23 +181,53 @@ class AutoPolicy(Observing):
         self.version: str | None = None  # the model version of the latest answer
         self.answers = Answers(self.cache_ttl_s)  # the current version's
         self.last_error = "no answer yet"
+        self.anchors = self._served_anchors()
+        self.refresher = ThreadPoolExecutor(1, thread_name_prefix="auto-refresh")  # stale answers, asked again
+        self.refreshing: set[str] = set()  # kinds asked again now
+
+    def _served_anchors(self) -> dict[str, Baseline]:
+        """The served model's anchors, asked once at start (each answer then updates its own): what
+        a fallback answers before the first answer; none from a service that cannot say."""
+        try:
+            said = self.client.get("/v1/model", timeout=max(self.timeout_s, 1.0)).json()["anchors"]
+            return {key: Baseline(*anchor) for key, anchor in said.items()}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return {}
 
     def decide(self, request: RequestFeatures) -> Decision:
         cached = self.answers.get(request)
         if cached is not None:
-            chunk = request.context_length if cached.chunk == "full" else cached.chunk
-            return Decision(request.clamp(chunk), "cache", self.version, schedule=cached.schedule)
+            found, stale = cached
+            if stale and request.kind() not in self.refreshing:
+                self.refreshing.add(request.kind())
+                self.refresher.submit(self._refresh, request)
+            chunk = request.context_length if found.chunk == "full" else found.chunk
+            return Decision(request.clamp(chunk), "cache", self.version, schedule=found.schedule)
+        return self._decide_now(request)
+
+    def _refresh(self, request: RequestFeatures) -> None:
+        """A stale answer asked again, off the decision's path (whatever happens is the next one's)."""
+        try:
+            self._decide_now(request)
+        finally:
+            self.refreshing.discard(request.kind())
+
+    def _decide_now(self, request: RequestFeatures) -> Decision:
         if not self.breaker.allows():
             return fall_back(
-                request, f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})"
+                request,
+                f"circuit breaker open after {self.breaker.failures} failures (last: {self.last_error})",
+                self.anchor(request),
             )
         try:
             answer = self._ask(request)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
             self.breaker.record(False)
             self.last_error = failure_reason(exc, self.url, self.timeout_s)
-            return fall_back(request, self.last_error)
+            return fall_back(request, self.last_error, self.anchor(request))
         self.breaker.record(True)
+        key = anchor_key(self.hardware.hardware_id, request.backend, request.attn_impl)
+        self.anchors[key] = Baseline(answer.anchor.name, answer.anchor.spec)
         if answer.model_version != self.version:  # a promotion: answers of the old model go
             self.version, self.answers = answer.model_version, Answers(self.cache_ttl_s)
         n, chunk = request.context_length, answer.chunk_size
@@ -222,6 +270,7 @@ class AutoPolicy(Observing):
         return answer
 
     def close(self) -> None:
+        self.refresher.shutdown(wait=True)
         self.client.close()
         super().close()
 
@@ -242,6 +291,7 @@ class InProcessPolicy(Observing):
         from predictor.model import load_predictor
 
         self.predictor = load_predictor(self.tracking_uri, self.model_name, self.alias)
+        self.anchors = self.predictor.recipe.anchors
 
     def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
         """Reported as telemetry (if a reporter is set), and learnt by the loaded recipe's correction at once."""
@@ -271,7 +321,8 @@ class InProcessPolicy(Observing):
         try:
             answer = self.predictor.answer(ask(request, self.hardware, self.schedule)).response
         except (Infeasible, ValueError) as exc:  # the rule always has an answer
-            return fall_back(request, f"the in-process model cannot answer: {str(exc).splitlines()[0]}")
+            why = f"the in-process model cannot answer: {str(exc).splitlines()[0]}"
+            return fall_back(request, why, self.anchor(request))
         schedule = None if answer.schedule is None else tuple(answer.schedule)
         return Decision(answer.chunk_size, "in-process", answer.model_version, schedule=schedule)
 

@@ -22,10 +22,12 @@ evaluation.savings. After `min_rounds`, rounds are added until every interval is
 a result says, so the interval keeps its 95%.
 
 Every policy pays for its own decision. Its first decision on a prompt (nothing cached: what a
-request of a new length pays) is timed when it is asked, and each round times one more (the steady
-state: whatever it caches, it may use). The net saving adds each policy's first decision to every
-one of its rounds (the conservative charge: every request pays an uncached decision), in the same
-ratio and bootstrap as the gross one; both are printed, with the decisions' times.
+request of a new kind pays) is timed when it is asked, and each round times one more (the steady
+state: whatever it caches, it may use). The savings are printed gross, warm (each policy charged
+its steady decision) and cold (its first decision and whatever else its first request of the kind
+costs, such as a decision table built on the engine's cores: `after_first` says), with the
+decisions' times (evaluation.savings). The strongest baseline is the policy other than `auto`
+with the lowest total TTFT over the prompts they all ran; `auto` is printed against it first.
 """
 
 from __future__ import annotations
@@ -57,9 +59,20 @@ class PromptResult:
     times: dict[int, list[float]] = field(default_factory=dict)  # chunk size -> TTFT ms per round
     first_decision_ms: dict[str, float] = field(default_factory=dict)  # policy -> its first decision, uncached
     decision_ms: dict[str, list[float]] = field(default_factory=dict)  # policy -> one more decision per round
+    # policy -> what else its first request of this kind costs (a decision table built on the engine's cores)
+    cold_extra_ms: dict[str, float] = field(default_factory=dict)
 
     def median(self, chunk: int) -> float:
         return statistics.median(self.times[chunk])
+
+    def steady_ms(self, policy: str) -> float:
+        """The policy's steady decision here: the median of those timed round by round."""
+        timed = self.decision_ms.get(policy)
+        return statistics.median(timed) if timed else self.first_decision_ms.get(policy, 0.0)
+
+    def cold_ms(self, policy: str) -> float:
+        """What the policy's first request of this kind pays besides the prefill."""
+        return self.first_decision_ms.get(policy, 0.0) + self.cold_extra_ms.get(policy, 0.0)
 
     @property
     def best(self) -> int:
@@ -74,6 +87,16 @@ class Evaluation:
     rounds: int  # rounds of the sizes still compared (the others: `full_rounds`, or until raced out)
     full_rounds: int  # rounds that timed every size still in the race (module docstring)
     drop_above: float  # the race's margin (module docstring)
+
+    def common(self, names: list[str]) -> list[PromptResult]:
+        """The prompts every one of `names` ran."""
+        return [p for p in self.prompts if all(n in p.choices for n in names)]
+
+    def strongest(self, of: str = "auto") -> str:
+        """The policy other than `of` with the lowest total TTFT over the prompts they all ran."""
+        others = [n for n in self.policies if n != of]
+        common = self.common(others)
+        return min(others, key=lambda n: (sum(p.median(p.choices[n]) for p in common), others.index(n)))
 
 
 def _decided(policy: ChunkPolicy, engine: Engine, case: Workload) -> tuple[int, str, float] | None:
@@ -120,9 +143,12 @@ def evaluate(
     drop_above: float = 0.25,
     deadline: float | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    after_first: Callable[[list[PromptResult]], None] | None = None,
 ) -> Evaluation:
     """Measure `cases` as the module says; `pairs` are the (policy, reference) savings to settle;
-    `deadline` (time.monotonic()) bars a round past `min_rounds` that would likely end after it."""
+    `deadline` (time.monotonic()) bars a round past `min_rounds` that would likely end after it;
+    `after_first` is told the prompts once every policy has decided on each, before anything is
+    timed (to wait for what those first decisions set going, and charge it as `cold_extra_ms`)."""
     min_rounds = min(min_rounds, max_rounds)  # fewer allowed rounds still end with their savings
 
     prompts = []
@@ -138,6 +164,8 @@ def evaluate(
         )
         result.times = {c: [] for c in sorted({*every_size(case), *result.choices.values()})}
         prompts.append(result)
+    if after_first is not None:
+        after_first(prompts)
     steps = [size_steps(engine, p.case, list(p.times)) for p in prompts]  # per prompt: its sizes
     for p, sizes in zip(prompts, steps, strict=True):
         warm = {c: t for c, (t,) in interleaved(sizes, 1, warmup=0).items()}  # the warm-up: raced, not kept
@@ -173,7 +201,7 @@ def evaluate(
             f"round {rounds} ({took:.0f} s): "
             + "; ".join(
                 f"{s.policy} vs {s.reference} {s.saving:+.1%} [{s.low:+.1%}, {s.high:+.1%}] "
-                f"(net {s.net:+.1%} [{s.net_low:+.1%}, {s.net_high:+.1%}])"
+                f"(cold {s.cold:+.1%} [{s.cold_low:+.1%}, {s.cold_high:+.1%}])"
                 for s in savings
             )
             + still
@@ -199,7 +227,7 @@ def format_evaluation(ev: Evaluation) -> str:
             + "".join(f"{c:>{width}}" for c in cells)
             + f"{p.best:>5} {best:>7.0f}ms      {max(map(len, p.times.values())):>8}"
         )
-    common = [p for p in ev.prompts if all(n in p.choices for n in ev.policies)]
+    common = ev.common(ev.policies)
     totals = [sum(p.median(p.choices[n]) for p in common) for n in ev.policies] + [
         sum(p.median(p.best) for p in common)
     ]
@@ -215,23 +243,29 @@ def format_evaluation(ev: Evaluation) -> str:
         f"fastest size of the same measurements; sizes over {WARM_DROP:g}x the fastest in the warm-up or "
         f"{1 + ev.drop_above:g}x the best since left the race early; "
         f"after {ev.full_rounds} rounds of every size left, only the policies' sizes and the best were timed, on the "
-        "prompts where they differ)" + (f"; auto decided from: {', '.join(sources)}" if sources else "")
+        "prompts where they differ); a policy that cannot run a prompt (one shot on a ring shorter than it) shows n/a"
+        + (f"; auto decided from: {', '.join(sources)}" if sources else "")
     )
-    first = [_median([p.first_decision_ms[n] for p in ev.prompts if n in p.choices]) for n in ev.policies]
-    steady = [_median([ms for p in ev.prompts for ms in p.decision_ms.get(n, ())]) for n in ev.policies]
+    first = [_median([p.cold_ms(n) for p in ev.prompts if n in p.choices]) for n in ev.policies]
+    steady = [_median([p.steady_ms(n) for p in ev.prompts if n in p.choices]) for n in ev.policies]
     cells = [f"{f:.3f} / {s:.3f}" for f, s in zip(first, steady, strict=True)]
-    lines.append(f"{'decision ms, first / steady':<28}" + "".join(f"{c:>{width}}" for c in cells))
-    for s in ev.savings:
+    lines.append(f"{'decision ms, cold / warm':<28}" + "".join(f"{c:>{width}}" for c in cells))
+    strongest = ev.strongest() if "auto" in ev.policies and len(ev.policies) > 1 else None
+    ordered = sorted(ev.savings, key=lambda s: s.reference != strongest)
+    for s in ordered:
+        mark = " (the strongest baseline here)" if s.reference == strongest else ""
         lines.append(
-            f"{s.policy} vs {s.reference}: {s.saving:+.1%} of total TTFT saved ({s.prompts} prompts), "
-            f"95% CI [{s.low:+.1%}, {s.high:+.1%}] -> {_verdict(s.low, s.high)}; net of each policy's first "
-            f"decision {s.net:+.1%} [{s.net_low:+.1%}, {s.net_high:+.1%}] -> {_verdict(s.net_low, s.net_high)}"
+            f"{s.policy} vs {s.reference}{mark}: {s.saving:+.1%} of total TTFT saved ({s.prompts} prompts), "
+            f"95% CI [{s.low:+.1%}, {s.high:+.1%}] -> {_verdict(s.low, s.high)}; net warm {s.warm:+.1%} "
+            f"[{s.warm_low:+.1%}, {s.warm_high:+.1%}]; net cold {s.cold:+.1%} [{s.cold_low:+.1%}, {s.cold_high:+.1%}] "
+            f"-> {_verdict(s.cold_low, s.cold_high)}"
         )
     lines.append(
-        "(saved: per prompt, 1 - the median over rounds of the two sizes' ratio in the same round (net: each "
-        "policy's first, uncached decision added to each of its rounds), weighted by the "
-        "reference's TTFT; 95% CI: a bootstrap over each prompt's rounds; the saving on this machine and these "
-        "prompts lies inside it with 95% confidence, and an interval that holds 0 means the two cannot be told apart)"
+        "(saved: per prompt, 1 - the median over rounds of the two sizes' ratio in the same round, weighted by the "
+        "reference's TTFT; net warm: each policy's steady decision added to each of its rounds; net cold: its first "
+        "decision of the kind, nothing cached, and what that first request set going on the engine's cores (a "
+        "decision table's build); 95% CI: a bootstrap over each prompt's rounds; an interval that holds 0 means the "
+        "two cannot be told apart here)"
     )
     return "\n".join(lines)
 

@@ -1,8 +1,11 @@
 """A saving of policy A over policy B: a share of B's total TTFT over the prompts both ran. On each
 prompt, one minus the median over rounds of A's time over B's in the same round (timed moments
 apart, so what the host does to both largely cancels), weighted by B's median TTFT on the prompt;
-its 95% interval a bootstrap over each prompt's rounds. The net saving adds each policy's first
-(uncached) decision to every one of its rounds, in the same ratio and bootstrap."""
+its 95% interval a bootstrap over each prompt's rounds. Three figures, each in the same ratio and
+bootstrap: gross (the prefills alone); warm (each policy charged its steady decision, the median
+of those timed round by round: what a request of a kind already seen pays); cold (each policy
+charged its first decision, nothing cached, plus what else its first request of a kind costs: a
+decision table built on the cores the engine runs on, `PromptResult.cold_extra_ms`)."""
 
 from __future__ import annotations
 
@@ -27,17 +30,20 @@ class Saving:
     policy: str
     reference: str
     prompts: int  # the prompts both policies ran
-    saving: float
+    saving: float  # gross
     low: float
     high: float
-    net: float  # the same, each policy charged its first (uncached) decision on every round
-    net_low: float
-    net_high: float
+    warm: float  # each policy charged its steady decision on every round
+    warm_low: float
+    warm_high: float
+    cold: float  # each policy charged its first decision and its first request's other costs
+    cold_low: float
+    cold_high: float
 
     def settled(self, precision: float) -> bool:
-        """Narrower than `precision`, gross and net: whichever side of 0 they lie, so stopping on it
-        keeps the 95%."""
-        return max(self.high - self.low, self.net_high - self.net_low) < precision
+        """Narrower than `precision`, gross, warm and cold: whichever side of 0 they lie, so
+        stopping on it keeps the 95%."""
+        return max(self.high - self.low, self.warm_high - self.warm_low, self.cold_high - self.cold_low) < precision
 
 
 def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
@@ -49,29 +55,23 @@ def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]],
         if not both:
             continue
         weights = np.array([p.median(p.choices[reference]) for _, p in both])  # [P] the reference's TTFT
-        point, boot = np.zeros(len(both)), np.zeros((RESAMPLES, len(both)))  # per-prompt savings; [B, P]
-        net_point, net_boot = np.zeros(len(both)), np.zeros((RESAMPLES, len(both)))
+        point, boot = np.zeros((3, len(both))), np.zeros((3, RESAMPLES, len(both)))  # gross, warm, cold
         for j, (k, p) in enumerate(both):
             # [R] the same round, moments apart (every policy's size on a prompt is timed in the same rounds)
             ours, theirs = np.asarray(p.times[p.choices[policy]]), np.asarray(p.times[p.choices[reference]])
             draws = resampled_rounds(len(ours), RESAMPLES, np.random.default_rng([seed, k]))  # [B, R]
-            charged = (ours + p.first_decision_ms.get(policy, 0.0)) / (theirs + p.first_decision_ms.get(reference, 0.0))
-            for ratio, at, spread in ((ours / theirs, point, boot), (charged, net_point, net_boot)):
-                at[j], spread[:, j] = 1 - np.median(ratio), 1 - np.median(ratio[draws], axis=1)
+            charges = [
+                (0.0, 0.0),
+                (p.steady_ms(policy), p.steady_ms(reference)),
+                (p.cold_ms(policy), p.cold_ms(reference)),
+            ]
+            for i, (a, b) in enumerate(charges):
+                ratio = (ours + a) / (theirs + b)
+                point[i, j], boot[i, :, j] = 1 - np.median(ratio), 1 - np.median(ratio[draws], axis=1)
         share = weights / weights.sum()  # [P]
-        low, high = np.quantile(boot @ share, [0.025, 0.975])
-        net_low, net_high = np.quantile(net_boot @ share, [0.025, 0.975])
-        out.append(
-            Saving(
-                policy,
-                reference,
-                len(both),
-                float(point @ share),
-                float(low),
-                float(high),
-                float(net_point @ share),
-                float(net_low),
-                float(net_high),
-            )
-        )
+        figures = []
+        for i in range(3):
+            low, high = np.quantile(boot[i] @ share, [0.025, 0.975])
+            figures += [float(point[i] @ share), float(low), float(high)]
+        out.append(Saving(policy, reference, len(both), *figures))
     return out

@@ -18,11 +18,22 @@ import numpy as np
 
 from chunkpilot import plausibility, registry
 from chunkpilot.chunks import max_chunk
-from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse, ConfigError, Outcome
+from chunkpilot.contract import Anchor, Candidate, ChunkRequest, ChunkResponse, ConfigError, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import base_log_ms
-from chunkpilot.pick import candidates, feature_rows, pick, resolve_hardware, rule_size
+from chunkpilot.lineup import Baseline
+from chunkpilot.pick import (
+    Infeasible,
+    Picked,
+    anchor_size,
+    candidates,
+    feature_rows,
+    pick_many,
+    request_anchor,
+    resolve_hardware,
+    rule_size,
+)
 from chunkpilot.recipe import Recipe, load_recipe
 
 from .answer import Answer, Gain
@@ -63,18 +74,19 @@ class Predictor:
     def __post_init__(self) -> None:
         if isinstance(self.recipe.cost, PerChunk) and self.recipe.correction is None:
             self.recipe.correction = Correction()
-        self.table = DecisionTable(self.exact_answer, self.tabled)
+        self.table = DecisionTable(self.exact_answers, self.tabled)
 
     def answer(self, request: ChunkRequest) -> Answer:
         """The decision table's answer (predictor.table); where its segment is not built yet the
-        recipe decides at this length if that is worth its cost (`affordable`), else the hand rule
-        answers. A schedule is priced for its own length, always by the recipe."""
+        recipe decides at this length if that is worth its cost (`affordable`), else the anchor (the
+        strongest simple baseline here) answers. A schedule is priced for its own length, always by
+        the recipe."""
         found = self.tabled_answer(request)
         if found is not None:
             return found
         if request.schedule or self.affordable(request):
             return self.exact_answer(request)
-        return self.rule_answer(request)
+        return self.anchor_answer(request)
 
     def tabled_answer(self, request: ChunkRequest) -> Answer | None:
         """The table's answer if its segment is built: a lookup, microseconds (None: the kind is queued)."""
@@ -85,25 +97,32 @@ class Predictor:
         return float(np.exp(base_log_ms(feature_rows(self.hardware, request, [chunk])))[0])
 
     def affordable(self, request: ChunkRequest) -> bool:
-        """Whether deciding now costs at most `budget` of the TTFT the rule's size would take (a budget
-        of 1, the whole TTFT: always, whatever the analytic estimate says)."""
+        """Whether deciding now costs at most `budget` of the TTFT the anchor's size would take (a
+        budget of 1, the whole TTFT: always, whatever the analytic estimate says)."""
         if self.budget >= 1:
             return True
-        return self.decision_ms <= self.budget * self.estimate_ms(request, self.rule_size(request))
+        chunks = candidates(request)
+        return self.decision_ms <= self.budget * self.estimate_ms(request, self.anchored(request, chunks)[1])
 
-    def rule_size(self, request: ChunkRequest) -> int:
-        return rule_size(request, candidates(request))
+    def anchored(self, request: ChunkRequest, chunks: list[int]) -> tuple[Baseline, int]:
+        """The request's anchor and its size among `chunks`."""
+        anchor = request_anchor(self.recipe, request)
+        return anchor, anchor_size(anchor, request, chunks)
 
-    def rule_answer(self, request: ChunkRequest) -> Answer:
-        rule = self.rule_size(request)
-        candidate = Candidate(chunk_size=rule, predicted_ttft_ms=self.estimate_ms(request, rule))
+    def anchor_answer(self, request: ChunkRequest) -> Answer:
+        """The anchor's size, priced by the analytic estimate: no model call."""
+        chunks = candidates(request)
+        anchor, size = self.anchored(request, chunks)
+        rule = rule_size(request, chunks)
+        candidate = Candidate(chunk_size=size, predicted_ttft_ms=self.estimate_ms(request, size))
         response = ChunkResponse(
-            chunk_size=rule,
+            chunk_size=size,
             predicted_ttft_ms=candidate.predicted_ttft_ms,
             top=[candidate],
-            rule=candidate,
+            rule=Candidate(chunk_size=rule, predicted_ttft_ms=self.estimate_ms(request, rule)),
+            anchor=Anchor(**candidate.model_dump(), name=anchor.name, spec=anchor.spec),
             model_version=self.version,
-            source="rule",
+            source="anchor",
         )
         return Answer(response)
 
@@ -111,19 +130,35 @@ class Predictor:
         self.table.close()
 
     def exact_answer(self, request: ChunkRequest) -> Answer:
-        """The recipe's decision at exactly this length (what the table holds), timed."""
+        """The recipe's decision at exactly this length (what the table holds), timed; Infeasible
+        when it has none."""
         start = time.perf_counter()
-        answer = self._exact(request)
+        (picked,) = pick_many(self.recipe, self.hardware, request, [request.context_length])
+        if isinstance(picked, Infeasible):
+            raise picked
+        answer = self._answer(request, request.context_length, picked)
         ms = (time.perf_counter() - start) * 1e3
         self.decision_ms = ms if not self.decision_ms else 0.9 * self.decision_ms + 0.1 * ms
         return answer
 
-    def _exact(self, request: ChunkRequest) -> Answer:
-        picked = pick(self.recipe, self.hardware, request)
-        chunks, choice, ms, n = picked.chunks, picked.choice, picked.ms, request.context_length
+    def exact_answers(self, request: ChunkRequest, lengths: list[int]) -> list[Answer | None]:
+        """The recipe's decisions for the request's kind at each of `lengths` (None where no
+        candidate fits), priced in one batch: how a decision table is built."""
+        picks = pick_many(self.recipe, self.hardware, request, lengths)
+        return [
+            None if isinstance(p, Infeasible) else self._answer(request, n, p)
+            for n, p in zip(lengths, picks, strict=True)
+        ]
+
+    def _answer(self, request: ChunkRequest, n: int, picked: Picked) -> Answer:
+        """A pick for a prompt of `n` tokens of the request's kind, as the service answers it (built
+        unvalidated: every value is the model's own, and a table holds thousands of them)."""
+        chunks, choice, ms = picked.chunks, picked.choice, picked.ms
         best = choice.index
         order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
-        candidate = [Candidate(chunk_size=c, predicted_ttft_ms=m) for c, m in zip(chunks, ms, strict=True)]
+        candidate = [
+            Candidate.model_construct(chunk_size=c, predicted_ttft_ms=m) for c, m in zip(chunks, ms, strict=True)
+        ]
         gaps = (choice.log_ms - choice.log_ms[best]).tolist()
         gains = tuple(
             Gain(
@@ -141,15 +176,25 @@ class Predictor:
             ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
             planned = best_schedule(self.recipe.chunk_ms, picked.x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]
-        response = ChunkResponse(
+        anchored = candidate[picked.anchored]
+        anchor = Anchor.model_construct(
+            chunk_size=anchored.chunk_size,
+            predicted_ttft_ms=anchored.predicted_ttft_ms,
+            name=picked.anchor.name,
+            spec=picked.anchor.spec,
+        )
+        response = ChunkResponse.model_construct(
             chunk_size=chunks[best],
             predicted_ttft_ms=ms[best],
             top=[candidate[i] for i in order[:TOP]],
             rule=candidate[picked.rule],
+            anchor=anchor,
             model_version=self.version,
             source="model",
             schedule=schedule,
             deferred=choice.deferred,
+            explored=False,
+            span=None,
         )
         return Answer(response, gains)
 
@@ -205,6 +250,7 @@ def load_predictor(
         **recipe.params,
         "schedules": isinstance(recipe.cost, PerChunk),
         "held_out": stored.metrics,
+        "anchors": {key: tuple(anchor) for key, anchor in recipe.anchors.items()},
     }
     if tabled is None:  # the service's and the in-process engine's switch alike
         tabled = os.environ.get(TABLE_ENV, "1") != "0"

@@ -38,6 +38,7 @@ class TableSummary(BaseModel):
     kinds_built: int = Field(description="kinds whose table is built")
     segments: int = Field(description="length segments held, each with one answer")
     last_build_s: float | None = Field(description="the latest build's seconds; null: none yet")
+    build_s_total: float = Field(0.0, description="every build's seconds since start: what the tables cost the cores")
 
 
 class ModelInfo(BaseModel):
@@ -55,6 +56,11 @@ class ModelInfo(BaseModel):
     z: float = Field(description="do-no-harm threshold, standard deviations of the predicted saving (0: argmin)")
     schedules: bool = Field(description="whether it can price schedules (the per-chunk cost model)")
     held_out: dict[str, float] = Field(description="cross-validated metrics on held-out configs (its run's)")
+    anchors: dict[str, tuple[str, str]] = Field(
+        default_factory=dict,
+        description="machine/backend/kernel (* for any machine) -> the strongest simple baseline there, "
+        "(name, `--chunk-size` spec): do-no-harm's anchor and an engine's fallback",
+    )
     learnt_from_prefills: int = Field(0, description="prefills this machine's correction learnt from since loading")
     decision_table: TableSummary = Field(description="the decision tables' state")
 

@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from chunkpilot.chunks import (
@@ -37,7 +37,7 @@ from .answer import Answer
 
 MAX_KINDS = 64  # kinds kept (least recently asked go first): a client inventing kinds costs memory only so far
 REBUILD_S = 30.0  # a kind is rebuilt after a learn at most this often: a build costs seconds of one core
-MIN_RANGE = 1 << 15  # a kind's cells are built up to the next power of two over twice its longest prompt, at least this
+MIN_RANGE = 1 << 12  # a kind's cells are built up to the next power of two over twice its longest prompt, at least this
 
 Decided = tuple[int, Answer]  # a length and the recipe's answer there
 
@@ -80,6 +80,7 @@ def answer_at(segment: Segment[Answer], n: int) -> Answer:
             "predicted_ttft_ms": answer.predicted_ttft_ms * f,
             "top": [moved(c) for c in answer.top],
             "rule": moved(answer.rule),
+            "anchor": {**moved(answer.anchor), "name": answer.anchor.name, "spec": answer.anchor.spec},
             "model_version": answer.model_version,
             "source": "table",
             "deferred": answer.deferred,
@@ -108,8 +109,10 @@ class Kind:
 class DecisionTable:
     """Kinds of request -> their segments' answers, and the thread that builds them."""
 
-    def __init__(self, exact_answer: Callable[[ChunkRequest], Answer], builds: bool = True) -> None:
-        self.exact_answer = exact_answer  # the recipe's answer at exactly a request's length
+    def __init__(
+        self, exact_answers: Callable[[ChunkRequest, list[int]], list[Answer | None]], builds: bool = True
+    ) -> None:
+        self.exact_answers = exact_answers  # the recipe's answers for a request's kind at many lengths at once
         self.builds = builds  # False: nothing is ever built, every lookup misses
         self.kinds: OrderedDict[str, Kind] = OrderedDict()
         self.generation = 0  # bumped by every learn: kinds built before it are rebuilt
@@ -117,6 +120,7 @@ class DecisionTable:
         self.closed = False
         self.builder: threading.Thread | None = None
         self.built_s: deque[float] = deque(maxlen=256)  # seconds per kind built, the latest (the benchmark reads them)
+        self.build_s_total = 0.0  # every build's seconds: what the tables have cost this process's cores
 
     def lookup(self, request: ChunkRequest) -> Answer | None:
         """The table's answer for the request, if its segment is built. A new kind, or a length past
@@ -178,21 +182,18 @@ class DecisionTable:
         while (kind := self._next()) is not None:
             generation, longest, start = self.generation, kind.longest, time.perf_counter()
             kind.asked = False
-            found = list(self._segments(kind.request, longest))
+            found = self._segments(kind.request, longest)
             kind.entries = ([s.first for s in found], found)  # one swap: readers see the old answers or the new
             kind.generation = generation if kind.longest == longest else -1  # extended meanwhile: again
             kind.built_at = time.monotonic()
             self.built_s.append(time.perf_counter() - start)
+            self.build_s_total += self.built_s[-1]
 
-    def _segments(self, request: ChunkRequest, longest: int) -> Iterator[Segment[Answer]]:
-        def exact(n: int) -> Answer:
-            return self.exact_answer(request.model_copy(update={"context_length": n}))
-
-        for first, last in cells(request, longest):
-            try:  # feasibility only grows with the length: a cell whose first length fits fits whole
-                yield from segments(exact, agree, first, (first, exact(first)), (last, exact(last)))
-            except ValueError:  # a cell no candidate fits (the error is the request path's to give)
-                continue
+    def _segments(self, request: ChunkRequest, longest: int) -> list[Segment[Answer]]:
+        """Every cell of the kind as segments, the recipe's decisions priced in a few batches (the
+        cells' ends, then each round's midpoints); a cell no candidate fits is left out (the error
+        is the request path's to give)."""
+        return segments(lambda lengths: self.exact_answers(request, lengths), agree, cells(request, longest))
 
     def summary(self) -> dict:
         """What GET /v1/model shows: whether it builds, kinds known and built, segments built, the
@@ -204,6 +205,7 @@ class DecisionTable:
             "kinds_built": sum(k.generation != -1 for k in kinds),
             "segments": sum(len(k.entries[0]) for k in kinds),
             "last_build_s": round(self.built_s[-1], 3) if self.built_s else None,
+            "build_s_total": round(self.build_s_total, 3),
         }
 
     def wait(self, timeout_s: float = 60.0) -> bool:

@@ -14,6 +14,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CHUNKPILOT_CACHE_DIR", tempfile.mkdtemp(prefix="chunkpilot-cache-"))
 # the telemetry of the tests' prefills: never into the repository's data/
 os.environ.setdefault("CHUNKPILOT_TELEMETRY_DIR", tempfile.mkdtemp(prefix="chunkpilot-telemetry-"))
+# the run records of the tests' trainings and races: never into the repository's results/
+os.environ.setdefault("CHUNKPILOT_RESULTS", str(Path(tempfile.mkdtemp(prefix="chunkpilot-results-")) / "runs.jsonl"))
 # answers are the model's own picks unless a test turns exploring on (tests/test_telemetry.py)
 os.environ.setdefault("CHUNKPILOT_EXPLORE_BUDGET", "0")
 # a service's answers before its decision table is built are the recipe's own, whatever a decision

@@ -5,6 +5,7 @@ the two sizes, with bootstrap intervals, and rounds that stop on time or precisi
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -45,8 +46,11 @@ def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_sti
     assert set(tiny.choices.values()) == {32} and all(len(t) == result.full_rounds for t in tiny.times.values())
     for p in (short, ring):
         assert set(p.times) >= set(p.choices.values())  # every choice is among the measured sizes
-        # the policies differ, so their sizes and the best are timed every round
-        assert all(len(p.times[c]) == result.rounds for c in {*p.choices.values(), p.best})
+        # the policies differ, so their sizes are timed every round, and the best (so far) in each
+        # round after the full ones (timing noise can move the best between rounds: so that one was
+        # timed in the full round and in the rounds it was the best)
+        assert all(len(p.times[c]) == result.rounds for c in p.choices.values())
+        assert result.full_rounds <= len(p.times[p.best]) <= result.rounds
         # any other size: the full round, plus the rounds in which it was the best so far (timing
         # noise can move the best between rounds, so one other size at most per later round)
         others = [t for c, t in p.times.items() if c not in {*p.choices.values(), p.best}]
@@ -116,20 +120,31 @@ def test_saving_is_a_share_of_the_reference_s_total_ttft_with_an_interval_around
 
 def test_settled_means_narrow_whichever_side_of_zero():
     """Stopping as soon as an interval leaves 0 would pick the rounds that say so: not a 95% interval."""
-    assert Saving("a", "b", 1, 0.0, -0.005, 0.005, 0.0, -0.005, 0.005).settled(0.02)
-    assert not Saving("a", "b", 1, 0.30, 0.20, 0.40, 0.30, 0.20, 0.40).settled(0.02)
-    assert not Saving("a", "b", 1, 0.01, -0.05, 0.07, 0.01, -0.05, 0.07).settled(0.02)
-    assert not Saving("a", "b", 1, 0.0, -0.005, 0.005, 0.0, -0.05, 0.05).settled(0.02)  # the net one is wide
+    narrow, wide = (0.0, -0.005, 0.005), (0.0, -0.05, 0.05)
+    assert Saving("a", "b", 1, *narrow, *narrow, *narrow).settled(0.02)
+    assert not Saving("a", "b", 1, *(0.30, 0.20, 0.40) * 3).settled(0.02)
+    assert not Saving("a", "b", 1, *(0.01, -0.05, 0.07) * 3).settled(0.02)
+    assert not Saving("a", "b", 1, *narrow, *narrow, *wide).settled(0.02)  # the cold one is wide
+    assert not Saving("a", "b", 1, *narrow, *wide, *narrow).settled(0.02)  # the warm one is wide
 
 
-def test_the_net_saving_charges_each_policy_its_first_decision():
+def test_the_cold_saving_charges_the_first_decision_and_its_costs_the_warm_one_the_steady_decision():
     """Made-up round times (not measurements): the same size, so no gross saving, but `a` took 10 ms
-    to decide on a 100-ms prefill and `b` nothing: net, `a` costs 10%."""
+    to decide the first time and its first request built a 10-ms table on the engine's cores, then
+    decided in 1 ms a round, on a 100-ms prefill, and `b` nothing: cold, `a` costs 20%; warm, 1%."""
     times = {256: [100.0, 100.0, 100.0], 512: [120.0, 121.0, 119.0]}
-    p = PromptResult(Workload(2048), {"a": 256, "b": 256}, {}, times, first_decision_ms={"a": 10.0, "b": 0.0})
+    p = PromptResult(
+        Workload(2048),
+        {"a": 256, "b": 256},
+        {},
+        times,
+        first_decision_ms={"a": 10.0, "b": 0.0},
+        decision_ms={"a": [1.0, 1.0, 1.0], "b": [0.0, 0.0, 0.0]},
+        cold_extra_ms={"a": 10.0},
+    )
     (saving,) = bootstrap_savings([p], [("a", "b")])
-    assert saving.saving == 0.0 and saving.net == pytest.approx(-0.10)
-    assert saving.net_low == pytest.approx(-0.10) and saving.net_high == pytest.approx(-0.10)
+    assert saving.saving == 0.0 and saving.cold == pytest.approx(-0.20) and saving.warm == pytest.approx(-0.01)
+    assert saving.cold_low == pytest.approx(-0.20) and saving.cold_high == pytest.approx(-0.20)
 
 
 def test_only_prompts_where_the_policies_differ_are_still_compared():
@@ -153,3 +168,27 @@ def test_race_drops_only_hopeless_sizes_that_no_policy_chose():
     p.times[1024] += [39.0, 40.5]
     (saving,) = bootstrap_savings([p], [("auto", "rule")])
     assert saving.low > 0.7
+
+
+def test_race_prompts_never_hold_a_length_or_window_the_model_was_profiled_or_taught_on():
+    """The demo's prompts, drawn per seed: never a length or a window of the demo's profile grid,
+    its learning workload or the data's rows of the model, the window inside the prompt; each seed
+    its own prompts, and the same seed the same ones."""
+    from chunkpilot.paths import SPECS_DIR
+    from cli.demo import seen
+    from evaluation.prompts import draw_prompts
+    from profiler.spec import Spec
+
+    root = Path(__file__).resolve().parents[1]
+    known = seen("llama-tiny", Spec.from_file(root / SPECS_DIR / "demo.yaml"), root / "data" / "ttft")
+    assert {512, 1024, 2048} <= known.windows and 8192 in known.lengths  # the grid's own
+    drawn = set()
+    for seed in range(300):
+        prompts = draw_prompts(seed, known)
+        for w in prompts:
+            window = w.attention.window
+            assert w.context_length not in known.lengths and window not in known.windows, (seed, w.label)
+            assert window is None or 2 * window <= w.context_length
+        drawn.add(tuple(w.label for w in prompts))
+    assert len(drawn) == 300
+    assert draw_prompts(7, known) == draw_prompts(7, known)

@@ -131,3 +131,12 @@ def test_the_readme_is_a_front_door_of_at_most_150_lines():
     assert len(readme.splitlines()) <= 150
     sections = re.findall(r"^## (.*)$", readme, re.M)
     assert sections[:2] == ["The two commands", "What `make demo` tells you"]  # what it is comes first
+
+
+def test_the_results_pages_are_what_the_run_records_render():
+    """docs/results.md's tables and the README's results table come from results/runs.jsonl
+    (`chunkpilot results`), never from hand: an edit by hand, or a record not rendered, fails here."""
+    from evaluation.records import read_records, rendered
+
+    for page, text in rendered(ROOT, read_records(ROOT / "results" / "runs.jsonl")).items():
+        assert page.read_text() == text, f"{page.name} differs from its records: run .venv/bin/chunkpilot results"

@@ -183,7 +183,7 @@ def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> R
 
 
 def test_auto_asks_once_per_length_or_table_segment_then_uses_its_cache(server):
-    policy = AutoPolicy(server, 2.0, HARDWARE)
+    policy = AutoPolicy(server, 2.0, Hardware(**HARDWARE))
     first, second, other = policy.decide(features(3000)), policy.decide(features(3000)), policy.decide(features(8000))
     assert (first.source, second.source, other.source) == ("service", "cache", "service")
     assert first.model_version == "1" and first.chunk_size == second.chunk_size
@@ -196,20 +196,33 @@ def test_auto_asks_once_per_length_or_table_segment_then_uses_its_cache(server):
     assert policy.decide(wide).chunk_size == 3001
 
 
-def test_cached_answers_replace_those_they_overlap_and_expire():
+def test_cached_answers_replace_those_they_overlap_and_grow_stale():
     """Unit test, no service: the cache alone."""
     answers, now = Answers(ttl_s=5.0), time.monotonic()
     answers.put(features(3000), Remembered(2990, 3010, 512, None, now))
     answers.put(features(3000), Remembered(3005, 3020, 256, None, now))  # a rebuilt table's other segment
-    assert answers.get(features(3000)) is None and answers.get(features(3006)).chunk == 256
+    assert answers.get(features(3000)) is None and answers.get(features(3006))[0].chunk == 256
     assert answers.get(features(3006, None, "shift")) is None  # another kind
     answers.put(features(4000), Remembered(4000, 4000, 384, None, now - 6.0))
-    assert answers.get(features(4000)) is None  # past its time
+    assert answers.get(features(4000))[1] and not answers.get(features(3006))[1]  # past its time: stale, still held
+
+
+def test_a_stale_answer_answers_at_once_and_is_asked_again_in_the_background(server):
+    """A steady decision never waits for the service: an answer past its time still answers (from
+    the cache, microseconds), and the service is asked again behind it."""
+    policy = AutoPolicy(server, 2.0, Hardware(**HARDWARE), cache_ttl_s=0.0)  # every answer stale at once
+    first = policy.decide(features(3000))
+    answered_at = policy.answers.get(features(3000))[0].at
+    again = policy.decide(features(3000))
+    assert (first.source, again.source) == ("service", "cache") and again.chunk_size == first.chunk_size
+    policy.refresher.shutdown(wait=True)  # the refresh it started has run
+    assert policy.answers.get(features(3000))[0].at > answered_at and not policy.refreshing
+    policy.close()
 
 
 def test_engine_prefill_with_auto_records_the_decision(server, engines):
     engine = engines("llama-tiny")
-    policy = AutoPolicy(server, 2.0, HARDWARE)
+    policy = AutoPolicy(server, 2.0, Hardware(**HARDWARE))
     result = engine.measure(Workload(300, AttentionConfig(64, "ring")), policy, repeats=2)
     sources = [r.decision.source for r in result.runs]
     assert sources == ["cache", "cache"]  # the warm-up asked the service
@@ -239,19 +252,20 @@ def garbage_app(delay_s: float = 0.0, reply: str = "not json") -> FastAPI:
         lambda: serve(garbage_app(reply=json.dumps({"chunk_size": "big"}))),  # wrong type
     ],
 )
-def test_fallback_to_the_rule_with_bounded_delay(make_server):
+def test_fallback_to_the_anchor_with_bounded_delay(make_server):
     with make_server() as url:
-        policy = AutoPolicy(url, 0.05, HARDWARE)
+        policy = AutoPolicy(url, 0.05, Hardware(**HARDWARE))
         t0 = time.perf_counter()
         decision = policy.decide(features())
         elapsed = time.perf_counter() - t0
-    assert decision.source == "fallback" and decision.chunk_size == 512
+    # a service that never said its anchors: the simple rule answers (512, the ring's window, here)
+    assert decision.source == "fallback" and decision.chunk_size == 512 and "simple rule answered" in decision.reason
     assert elapsed < 0.05 + 0.25  # the timeout, plus connection set-up slack
 
 
 def test_breaker_opens_then_closes_after_the_service_returns(trained_store):
     port = free_port()
-    policy = AutoPolicy(f"http://127.0.0.1:{port}", 0.2, HARDWARE, Breaker(failures=2, cooldown_s=0.5))
+    policy = AutoPolicy(f"http://127.0.0.1:{port}", 0.2, Hardware(**HARDWARE), Breaker(failures=2, cooldown_s=0.5))
     assert [policy.decide(features(n)).source for n in (1000, 2000)] == ["fallback", "fallback"]
     assert policy.breaker.is_open
     t0 = time.perf_counter()
@@ -264,8 +278,8 @@ def test_breaker_opens_then_closes_after_the_service_returns(trained_store):
 
 
 def test_in_process_mode_gives_the_same_choice(server, trained_store):
-    over_http = AutoPolicy(server, 2.0, HARDWARE).decide(features())
-    local = InProcessPolicy(trained_store, HARDWARE).decide(features())
+    over_http = AutoPolicy(server, 2.0, Hardware(**HARDWARE)).decide(features())
+    local = InProcessPolicy(trained_store, Hardware(**HARDWARE)).decide(features())
     assert (local.source, local.chunk_size, local.model_version) == ("in-process", over_http.chunk_size, "1")
 
 
@@ -293,8 +307,8 @@ def test_the_served_decision_follows_the_trained_recipe(trained_store):
     plain = with_z(0.0).answer(request).response
     assert plain.chunk_size == plain.top[0].chunk_size and not plain.deferred  # z = 0: the argmin
     cautious = with_z(1e9).answer(request).response  # no predicted saving is that certain
-    assert cautious.chunk_size == cautious.rule.chunk_size == 768  # the hand rule at 6000 tokens
-    assert cautious.deferred == (plain.chunk_size != 768)
+    assert cautious.chunk_size == cautious.anchor.chunk_size  # the strongest simple baseline's size
+    assert cautious.deferred == (plain.chunk_size != cautious.anchor.chunk_size)
 
 
 def test_not_ready_without_a_model_then_ready_when_one_appears(tmp_path, small_dataset, monkeypatch):
@@ -390,20 +404,27 @@ def test_schemathesis_finds_no_server_errors(server):
     assert len(cases) >= 1000 and not failures, (len(cases), failures[:3])
 
 
-def test_demo_comparison_table(server):
+def test_demo_comparison_table(server, tmp_path):
+    """The demo's race: auto against the whole lineup (no profile rows of this machine here, so no
+    best single size), the strongest baseline first, gross, warm and cold."""
+    from chunkpilot.lineup import lineup
     from cli.demo import compare_with_service
+    from evaluation.comparison import format_evaluation
 
     workloads = [Workload(200), Workload(300, AttentionConfig(64, "ring", 4))]
-    table = compare_with_service("llama-tiny", server, max_rounds=2, workloads=workloads)
-    lines = table.splitlines()
-    assert lines[0].split()[:4] == ["prompt", "auto", "fixed", "1024"]
+    result = compare_with_service("llama-tiny", server, 2, workloads, tmp_path, full_rounds=2)
+    assert result.policies == ["auto", *(b.name for b in lineup("chunkpilot"))]
+    assert "one shot" not in result.prompts[1].choices  # 300 tokens do not fit a 64-token ring in one chunk
+    lines = format_evaluation(result).splitlines()
+    assert lines[0].split()[:2] == ["prompt", "auto"]
     assert lines[1].startswith("200 tok, no window") and lines[2].startswith("300 tok, w64 ring s4")
     assert lines[3].startswith("total TTFT") and lines[4].startswith("mean regret vs best")
     assert "auto decided from: service" in lines[5]  # asked once per prompt, before measuring
-    assert lines[6].startswith("decision ms, first / steady")  # what each policy paid to decide
-    assert lines[7].startswith("auto vs hand rule:") and "95% CI [" in lines[7]
-    assert "net of each policy's first decision" in lines[7]
-    assert lines[8].startswith("auto vs fixed 1024:") and lines[9].startswith("auto vs simple rule:")
+    assert lines[6].startswith("decision ms, cold / warm")  # what each policy paid to decide
+    strongest = result.strongest()
+    assert lines[7].startswith(f"auto vs {strongest} (the strongest baseline here):") and "95% CI [" in lines[7]
+    assert "net warm" in lines[7] and "net cold" in lines[7]
+    assert len([line for line in lines if line.startswith("auto vs ")]) == len(result.policies) - 1
 
 
 def test_the_demo_s_learning_phase_teaches_the_service_its_prefills(trained_store, tmp_path):

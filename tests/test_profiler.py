@@ -414,15 +414,18 @@ def test_a_noisy_config_is_remeasured_only_while_the_budget_lasts():
 def test_the_summary_scores_fixed_1024_and_the_rule_as_training_does_on_the_same_data():
     """One scorer: a size no config measured lands on the measured one below it, in the profiler's
     summary as in training's held-out table, so their regrets agree config by config."""
-    from training.baselines import FixedChunk, HandRule
+    from training.baselines import FixedSpec
     from training.data import load_table
     from training.metrics import records
 
     machine = sorted((Path(__file__).resolve().parents[1] / "data" / "ttft" / "cpu-shipped").iterdir())[0]
     summary = summarize_configs(read_dataset(machine)).set_index("config_key")
-    table = load_table(machine)
+    table = load_table(machine, older_engines=True)  # the summary scores every row
     keys = table.rows.drop_duplicates("group").set_index("group").config_key
-    for policy, column in ((HandRule(), "regret_rule"), (FixedChunk(1024), "regret_1024")):
+    for policy, column in (
+        (FixedSpec("hand-rule", "rule"), "regret_rule"),
+        (FixedSpec("fixed-1024", "1024"), "regret_1024"),
+    ):
         scored = records(table, policy.choose(table))
         regret = (scored.ttft_chosen / scored.ttft_best - 1).to_numpy()
         assert summary.loc[keys[scored.group].to_numpy(), column].to_numpy() == pytest.approx(regret)

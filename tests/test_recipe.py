@@ -19,28 +19,28 @@ from training.train import hardware_table
 
 
 def picked(chooser: Chooser, members: np.ndarray, **kwargs) -> tuple[int, bool]:
-    """(the index the chooser picks, whether do-no-harm deferred to the rule)."""
+    """(the index the chooser picks, whether do-no-harm deferred to the anchor)."""
     choice = chooser.pick(members, **kwargs)
     return choice.index, choice.deferred
 
 
 def test_the_chooser_takes_the_argmin_when_the_members_agree_on_the_saving():
     members = np.log([[100.0, 90.0, 120.0], [101.0, 91.0, 119.0], [99.0, 89.0, 121.0]])  # [K, candidates]
-    assert picked(Chooser(z=1.0), members, rule=0) == (1, False)
+    assert picked(Chooser(z=1.0), members, anchor=0) == (1, False)
 
 
-def test_do_no_harm_keeps_the_rule_when_the_saving_is_inside_the_members_spread():
+def test_do_no_harm_keeps_the_anchor_when_the_saving_is_inside_the_members_spread():
     members = np.log([[100.0, 80.0], [100.0, 115.0], [100.0, 95.0]])  # mean saving 3%, members disagree
-    assert picked(Chooser(z=1.0), members, rule=0) == (0, True)
-    assert picked(Chooser(z=0.0), members, rule=0) == (1, False)  # z = 0: the plain argmin
-    assert picked(Chooser(z=1.0), members, rule=None) == (1, False)  # no rule among the candidates
+    assert picked(Chooser(z=1.0), members, anchor=0) == (0, True)
+    assert picked(Chooser(z=0.0), members, anchor=0) == (1, False)  # z = 0: the plain argmin
+    assert picked(Chooser(z=1.0), members, anchor=None) == (1, False)  # no anchor among the candidates
 
 
 def test_do_no_harm_weighs_the_saving_against_the_noise_the_correction_brings():
     members = np.log([[100.0, 95.0], [100.5, 95.0], [99.5, 95.0]])  # the members agree: 5% saved
-    assert picked(Chooser(z=1.0), members, rule=0) == (1, False)
+    assert picked(Chooser(z=1.0), members, anchor=0) == (1, False)
     unsure = np.array([[0.0, 0.01], [0.01, 0.0]])  # the correction's variance of the difference: +-10%
-    assert picked(Chooser(z=1.0), members, rule=0, noise=unsure) == (0, True)
+    assert picked(Chooser(z=1.0), members, anchor=0, noise=unsure) == (0, True)
 
 
 def test_rank_level_combines_the_levels_and_the_ranker_by_rank():

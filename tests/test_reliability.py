@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
-from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest
+from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, Hardware
 from chunkpilot.pick import Infeasible
 from chunkpilot.registry import MODEL_NAME
 from engine.predictor_client import AutoPolicy, Breaker
@@ -248,7 +248,9 @@ def test_engine_completes_every_prefill_while_the_service_dies_and_returns(train
     engine = engines("llama-tiny")
     port = free_port()
     timeout_s, cooldown_s = 0.2, 1.0
-    policy = AutoPolicy(f"http://127.0.0.1:{port}", timeout_s, HARDWARE, Breaker(failures=2, cooldown_s=cooldown_s))
+    policy = AutoPolicy(
+        f"http://127.0.0.1:{port}", timeout_s, Hardware(**HARDWARE), Breaker(failures=2, cooldown_s=cooldown_s)
+    )
     lengths = iter(int(100 * 1.3**k) for k in range(40))  # a new bucket every time: each prefill asks
     attention = AttentionConfig(256, "shift", 0)
 

@@ -1,7 +1,7 @@
 """The decision table: lengths share a cell only where nothing the decision depends on changes, a
 cell whose ends disagree is halved until the flip is found, the table's choice is the recipe's own
 on every config of the shipped data (what is judged is what is served), and the service answers from
-it, from the recipe or from the hand rule as its budget says."""
+it, from the recipe or from the anchor as its budget says."""
 
 from __future__ import annotations
 
@@ -49,19 +49,23 @@ def test_a_cell_whose_ends_disagree_is_halved_until_each_flip_is_found():
     asked = []
 
     def decide(n: int) -> int:
-        asked.append(n)
         return 512 if n < 1038 else 384 if n < 1071 else 256
+
+    def decide_many(lengths: list[int]) -> list[int]:
+        asked.append(lengths)
+        return [decide(n) for n in lengths]
 
     def same(low: tuple[int, int], high: tuple[int, int]) -> bool:
         return low[1] == high[1]
 
-    found = list(segments(decide, same, 1025, (1025, 512), (1100, 256)))
-    assert len(asked) <= 2 * 7  # two flips, each found in log2(76) halvings
+    found = segments(decide_many, same, [(1025, 1100)])
+    assert sum(map(len, asked)) <= 2 + 2 * 7  # the ends, then two flips, each found in log2(76) halvings
+    assert len(asked) <= 1 + 8  # one batch for the ends, one per round of halving (log2 of 75, rounded up, + 1)
     assert [n for s in found for n in range(s.first, s.last + 1)] == list(range(1025, 1101))  # each length once
     assert all(s.low[1] == s.high[1] == decide(n) for s in found for n in range(s.first, s.last + 1))
     asked.clear()
-    (one,) = segments(decide, same, 1025, (1025, 512), (1100, 256), at=1050)  # only the segment of 1,050
-    assert one in found and one.first <= 1050 <= one.last and len(asked) <= 7
+    (one,) = segments(decide_many, same, [(1025, 1100)], at=1050)  # only the segment of 1,050
+    assert one in found and one.first <= 1050 <= one.last and sum(map(len, asked)) <= 2 + 7
 
 
 @pytest.mark.slow
@@ -73,14 +77,14 @@ def test_the_tables_choice_is_the_recipes_on_every_held_out_config_of_the_shippe
     compared = 0
     for k in (0, 1):
         train, test = table.subset(groups[k::2]), table.subset(groups[1 - k :: 2])
-        recipe = make_recipe().fit(train.measured)
+        recipe = make_recipe().fit(train.measured, train.anchor_configs)
         exact, tabled = choose_groups(recipe, test, table=False), choose_groups(recipe, test)
         assert tabled.chunks == exact.chunks
         compared += len(exact.chunks)
     assert compared == len(groups)
 
 
-def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_rule(trained_store):
+def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_anchor(trained_store):
     from predictor.model import load_predictor
 
     predictor = load_predictor(trained_store, "chunk-size-predictor", "champion", tabled=True)
@@ -89,6 +93,9 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_ru
     predictor.decision_ms = 0.0  # deciding costs nothing next to this TTFT (not this host's clock)
     first = predictor.answer(ask).response  # a new kind: the recipe decides now, the table builds behind
     assert (first.source, first.span) == ("model", None)
+    assert predictor.table.wait(120)
+    # past the range built (twice the longest length asked, to a power of two): decided now, built behind
+    assert predictor.answer(ask.model_copy(update={"context_length": 12_345})).response.source == "model"
     assert predictor.table.wait(120)
     for n in (3001, 2950, 4500, 12_345, 700):
         request = ask.model_copy(update={"context_length": n})
@@ -106,10 +113,11 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_ru
         predicted = {c.chunk_size: c.predicted_ttft_ms for c in exact.top}
         assert predicted.get(answer.chunk_size, math.inf) <= 1.005 * exact.predicted_ttft_ms, n
     assert same >= 95
-    # a decision that would cost more than its share of the TTFT: a new kind is answered by the rule
+    # a decision that would cost more than its share of the TTFT: a new kind is answered by the anchor,
+    # the strongest simple baseline of its machine, backend and kernel
     predictor.decision_ms = 1e6
     other = predictor.answer(ask.model_copy(update={"threads": 2})).response
-    assert (other.source, other.chunk_size, other.span) == ("rule", 768, None)
+    assert (other.source, other.span) == ("anchor", None) and other.chunk_size == other.anchor.chunk_size
     predictor.close()
 
 

@@ -191,14 +191,21 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
     import math
 
-    from chunkpilot.contract import Candidate, ChunkResponse
+    from chunkpilot.contract import Anchor, Candidate, ChunkResponse
     from predictor.answer import Answer, Gain
     from predictor.model import expected_gain
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
     gain = expected_gain(math.log(other_ms / best_ms), sd)
+    anchor = Anchor(**top[1].model_dump(), name="fixed 768", spec="768")
     answer = ChunkResponse(
-        chunk_size=512, predicted_ttft_ms=best_ms, top=top, rule=top[1], model_version="1", source="model"
+        chunk_size=512,
+        predicted_ttft_ms=best_ms,
+        top=top,
+        rule=top[1],
+        anchor=anchor,
+        model_version="1",
+        source="model",
     )
     return Answer(answer, (Gain(768, other_ms / best_ms, gain),))
 
@@ -218,14 +225,21 @@ def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expecte
 
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
-    from chunkpilot.contract import Candidate, ChunkResponse
+    from chunkpilot.contract import Anchor, Candidate, ChunkResponse
     from predictor.answer import Answer, Gain
     from predictor.explore import Explorer
 
     sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
     # the runner-up (768) is 1% slower but the members agree; 256 is 10% slower but they disagree widely
+    anchor = Anchor(**sizes[0].model_dump(), name="hand rule", spec="rule")
     response = ChunkResponse(
-        chunk_size=512, predicted_ttft_ms=100.0, top=sizes, rule=sizes[0], model_version="1", source="model"
+        chunk_size=512,
+        predicted_ttft_ms=100.0,
+        top=sizes,
+        rule=sizes[0],
+        anchor=anchor,
+        model_version="1",
+        source="model",
     )
     answer = Answer(response, (Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
     assert Explorer(budget=0.5).answer(answer, N).chunk_size == 256

@@ -4,6 +4,7 @@ gate keeps a better champion; training works against a real `mlflow server`."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -162,10 +163,13 @@ def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, stor
     runs = client.search_runs([client.get_experiment_by_name("chunk-size").experiment_id])
     names = {r.info.run_name for r in runs}
     assert names >= {
+        "one-shot",
+        "backend-default",
+        "best-single-size",
         "fixed-1024",
-        "best-fixed",
         "hand-rule",
         "simple-rule",
+        "strongest-baseline",
         "analytic-fit",
         "nearest-config",
         "lgbm-classifier",
@@ -272,3 +276,25 @@ def test_a_champion_of_an_older_chunkpilot_is_replaced(tmp_path):
     client.log_param(run.info.run_id, "lgbm_params", "{}")  # features and format match, but it is no recipe
     assert verdict("context_length,chunk_size").alias == "champion"
     assert "no recipe" in verdict("context_length,chunk_size").reason
+
+
+def test_training_keeps_only_rows_that_today_s_code_of_their_kernel_measured():
+    """A row labelled with a kernel was measured by that kernel's code as it runs today, or training
+    leaves it out (unless told --older-engines): every kernel a backend runs names the first harness
+    version of its current code, and the shipped rows the table keeps are all of that code's."""
+    from chunkpilot.contract import ATTN_IMPLS, BACKENDS, ConfigError, check_attn_impl
+    from chunkpilot.dataset import KERNEL_SINCE, measured_by_today, read_dataset
+
+    runs = set()
+    for backend in BACKENDS:
+        for kernel in ATTN_IMPLS:
+            try:
+                check_attn_impl(kernel, backend, "cpu")
+                runs.add((backend, kernel))
+            except ConfigError:
+                pass
+    assert runs <= KERNEL_SINCE.keys()
+    shipped = Path(__file__).resolve().parents[1] / "data" / "ttft"
+    every, kept = read_dataset(shipped), load_table(shipped).rows
+    assert measured_by_today(kept).all() and len(kept) < len(every)  # the older engine's rows are left out
+    assert len(load_table(shipped, older_engines=True).rows) == len(every)

@@ -25,7 +25,7 @@ from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import answers, free_port, start_mlflow_server
 
 # the runs a reader compares: the served recipe, its plain argmin, the old default and the fixed policies
-COMPARED = ["per-chunk", "per-chunk-argmin", "lgbm-rank-level", "hand-rule", "fixed-1024", "best-fixed"]
+COMPARED = ["per-chunk", "per-chunk-argmin", "lgbm-rank-level", "hand-rule", "fixed-1024", "best-single-size"]
 
 
 def shoot(browser: str, url: str, path: Path, size: str) -> None:

@@ -1,8 +1,9 @@
-"""The baselines a recipe must beat, fitted on training configs and asked about held-out ones:
-fixed sizes, the hand rule, lookups, a classifier, a ranker, and the regressor
-with the ranker's order that was served before recipes (rank+level). Each returns, per held-out
-group, the chosen chunk size among that group's measured (feasible) candidates. The served
-recipes themselves are judged through training/served.py."""
+"""The baselines a recipe must beat, fitted on training configs and asked about held-out ones: the
+lineup every judge uses (chunkpilot.lineup: one shot, the backend's default, the best single size
+of the machine, the rules, fixed 1024, and the strongest of them per machine), lookups, a
+classifier, a ranker, and the regressor with the ranker's order that was served before recipes
+(rank+level). Each returns, per held-out group, the chosen chunk size among that group's measured
+(feasible) candidates. The served recipes themselves are judged through training/served.py."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pandas as pd
 from chunkpilot.chunks import clamp_chunk, landed, rule_candidate
 from chunkpilot.cost_models import PerCandidate
 from chunkpilot.features import FEATURES
+from chunkpilot.lineup import BACKEND_DEFAULTS, anchor_for, anchor_key, applied, best_single_size, fit_anchors
 
 from .data import Table
 
@@ -75,86 +77,98 @@ class Baseline(HeldOutPolicy, Protocol):
     def fit(self, train: Table) -> None: ...
 
 
-class FixedChunk:
-    """One chunk size for every request (cut to what the config allows), as engines default to."""
+class Spec:
+    """A baseline of the lineup (chunkpilot.lineup) on held-out configs: the size its spec runs for
+    each config, landed on the config's measured sizes, as the engine would run it."""
 
-    def __init__(self, size: int = 1024) -> None:
-        self.size, self.name = size, f"fixed-{size}"
+    name: str
+
+    def spec(self, group: str) -> str:
+        raise NotImplementedError
 
     def fit(self, train: Table) -> None:
         pass
 
     def choose(self, test: Table) -> HeldOutChoices:
+        configs = test.measured_configs()
+        self.keys = test.group_keys()
         return HeldOutChoices(
             {
-                g: landed(r.chunk_size.to_numpy(), limited(r, self.size))
-                for g, r in test.rows.groupby("group", sort=False)
+                g: landed(c.sizes, applied(self.spec(g), c.context_length, c.window, c.layout))
+                for g, c in configs.items()
             }
         )
 
 
-class BestFixed(FixedChunk):
-    """The single fixed size with the lowest mean regret on the training configs."""
+class FixedSpec(Spec):
+    """One spec for every config: one shot, a rule or a fixed size, as engines default to."""
 
-    def __init__(self) -> None:
-        super().__init__(1024)
-        self.name = "best-fixed"
+    def __init__(self, name: str, spec: str, what: str = "") -> None:
+        self.name, self._spec, self.what = name, spec, what or type(self).__doc__
 
-    def fit(self, train: Table) -> None:
-        configs = [
-            (
-                r.chunk_size.to_numpy(),
-                r.ttft_ms.to_numpy(),
-                int(first.context_length),
-                int(first.window) or None,
-                first.layout,
-            )
-            for _, r in train.rows.groupby("group", sort=False)
-            for first in [r.iloc[0]]
-        ]
-
-        def mean_regret(size: int) -> float:
-            return float(
-                np.mean(
-                    [
-                        ttft[chunks == landed(chunks, clamp_chunk(size, n, window, layout))][0] / ttft.min() - 1
-                        for chunks, ttft, n, window, layout in configs
-                    ]
-                )
-            )
-
-        self.size = min(sorted(train.rows.chunk_size.unique()), key=mean_regret)
+    def spec(self, group: str) -> str:
+        return self._spec
 
 
-class HandRule:
-    """The hand rule engines' users write: 512 up to 512 tokens; 1024 up to 1536; beyond that 1024 on
-    multiples of 1024, else 768."""
+class BackendDefault(Spec):
+    """What each config's backend does when nobody picks a size (chunkpilot.lineup.BACKEND_DEFAULTS)."""
 
-    name = "hand-rule"
+    name = "backend-default"
+
+    def spec(self, group: str) -> str:
+        return BACKEND_DEFAULTS[self.keys[group].split("/")[1]][1]
+
+
+class BestSingleSize(Spec):
+    """The one size with the lowest mean regret on the training configs of the same machine,
+    backend and kernel (over every machine of that backend and kernel where the machine has none):
+    what a user keeps after one sweep of the machine."""
+
+    name = "best-single-size"
 
     def fit(self, train: Table) -> None:
-        pass
+        by_key = train.anchor_configs
+        pooled: dict[str, list] = {}
+        for key, configs in by_key.items():
+            pooled.setdefault(anchor_key(None, *key.split("/")[1:]), []).extend(configs)
+        self.sizes = {key: best_single_size(configs) for key, configs in {**by_key, **pooled}.items()}
 
-    def choose(self, test: Table) -> HeldOutChoices:
-        return HeldOutChoices({g: rule_chunk(r) for g, r in test.rows.groupby("group", sort=False)})
+    def spec(self, group: str) -> str:
+        key = self.keys[group]
+        return self.sizes.get(key) or self.sizes.get(anchor_key(None, *key.split("/")[1:]), "1024")
 
 
-class SimpleRule:
-    """The strongest two-line rule (chunkpilot.chunks.simple_rule): one shot without a window, else
-    the hand rule. Without a window, one shot is the largest measured size (the whole prompt)."""
+class Strongest(Spec):
+    """The strongest baseline of each config's machine, backend and kernel on the training configs
+    (chunkpilot.lineup.fit_anchors): the anchor of the served recipe's do-no-harm."""
 
-    name = "simple-rule"
+    name = "strongest-baseline"
 
     def fit(self, train: Table) -> None:
-        pass
+        self.anchors = fit_anchors(train.anchor_configs)
 
-    def choose(self, test: Table) -> HeldOutChoices:
-        return HeldOutChoices(
-            {
-                g: int(r.chunk_size.max()) if int(r.window.iloc[0]) == 0 else rule_chunk(r)
-                for g, r in test.rows.groupby("group", sort=False)
-            }
-        )
+    def spec(self, group: str) -> str:
+        hardware, backend, kernel = self.keys[group].split("/")
+        return anchor_for(self.anchors, hardware, backend, kernel).spec
+
+
+# the lineup's baselines as training names them (one shot, the backend default, the best single size,
+# the rules, fixed 1024) and the strongest of them per machine
+def lineup_baselines() -> list[Spec]:
+    return [
+        FixedSpec("one-shot", "full", "The whole prompt in one chunk (a ring's window where the prompt is longer)"),
+        BackendDefault(),
+        BestSingleSize(),
+        FixedSpec(
+            "hand-rule",
+            "rule",
+            "The hand rule engines' users write: 512 up to 512 tokens; 1024 up to 1536; beyond that 1024 on "
+            "multiples of 1024, else 768",
+        ),
+        FixedSpec("simple-rule", "simple-rule", "One shot without a window, else the hand rule"),
+        FixedSpec("fixed-1024", "1024", "1024 tokens a chunk for every request (cut to what the config allows)"),
+        Strongest(),
+    ]
 
 
 def argmin_per_group(test: Table, predicted: np.ndarray) -> dict[str, int]:
@@ -276,9 +290,11 @@ class RankLevel:
         return HeldOutChoices(chunks, np.exp(level))
 
 
+LINEUP = {b.name for b in lineup_baselines()}  # the simple baselines: the strongest of them is what auto must beat
+
+
 def baselines(every: bool = True) -> list:
-    """Every baseline, or (every=False) the ones a user compares against and that cost seconds to
-    cross-validate: fixed 1024, the best fixed size, the hand rule and the simple rule. (The analytic
-    fit is a recipe: chunkpilot.recipe.RECIPES.)"""
-    quick = [FixedChunk(1024), BestFixed(), HandRule(), SimpleRule()]
+    """Every baseline, or (every=False) the lineup a user compares against, seconds to
+    cross-validate (chunkpilot.lineup). (The analytic fit is a recipe: chunkpilot.recipe.RECIPES.)"""
+    quick = lineup_baselines()
     return quick + [NearestConfig(), ChunkClassifier(), ChunkRanker(), RankLevel()] if every else quick

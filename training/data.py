@@ -12,8 +12,16 @@ import pandas as pd
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.cost_models import Measured
-from chunkpilot.dataset import DataError, read_dataset, trusted_telemetry
+from chunkpilot.dataset import (
+    DataError,
+    anchor_configs,
+    measured_by_today,
+    measured_configs,
+    read_dataset,
+    trusted_telemetry,
+)
 from chunkpilot.features import INPUT_COLUMNS, build
+from chunkpilot.lineup import MeasuredConfig, anchor_key
 
 CONFIG_COLUMNS = (
     "group",
@@ -55,6 +63,23 @@ class Table:
         chunk_ms = [None if ms is None else np.asarray(ms, dtype=float) for ms in self.rows.chunk_ms]
         return Measured(self.x, self.rows.ttft_ms.to_numpy(), self.rows.tokenize_ms.to_numpy(), chunk_ms)
 
+    def measured_configs(self) -> dict[str, MeasuredConfig]:
+        """group -> its measured sizes and TTFTs, as chunkpilot.lineup scores a baseline."""
+        return {f"{config}@{hardware}": m for (config, hardware), m in measured_configs(self.rows).items()}
+
+    @property
+    def anchor_configs(self) -> dict[str, list[MeasuredConfig]]:
+        """Each machine's configs per backend and kernel: what its anchor is chosen from."""
+        return anchor_configs(self.rows)
+
+    def group_keys(self) -> dict[str, str]:
+        """group -> the anchor key of its machine, backend and kernel."""
+        first = self.rows.drop_duplicates("group")
+        return {
+            g: anchor_key(h, b, k)
+            for g, h, b, k in zip(first.group, first.hardware_id, first.backend, first.attn_impl, strict=True)
+        }
+
     def subset(self, groups) -> Table:
         mask = self.rows.group.isin(groups).to_numpy()
         return Table(self.rows[mask].reset_index(drop=True), self.x[mask], self.y[mask])
@@ -93,13 +118,21 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([rows[~seen], merged[rows.columns]], ignore_index=True)
 
 
-def load_table(path: Path) -> Table:
-    """Read and check the dataset (exit-2 errors name what is wrong), then build the features."""
+def load_table(path: Path, older_engines: bool = False) -> Table:
+    """Read and check the dataset (exit-2 errors name what is wrong), then build the features. Rows
+    measured by code of their kernel that no longer runs (chunkpilot.dataset.KERNEL_SINCE) are left
+    out, saying how many, unless `older_engines`."""
     if not Path(path).exists():
         raise DataError("data", f"{path} does not exist")
     rows, refused = trusted_telemetry(read_dataset(Path(path)))
     if refused:
         print(f"{len(refused)} telemetry rows refused (first: {refused[0]})", file=sys.stderr, flush=True)
+    today = measured_by_today(rows)
+    if not older_engines and not today.all():
+        older = rows[~today].groupby(["hardware_id", "backend", "attn_impl"]).size()
+        said = ", ".join(f"{n} {k} of {b} on {h}" for (h, b, k), n in older.items())
+        print(f"left out {len(rows) - today.sum()} rows measured by an older engine ({said})", file=sys.stderr)
+        rows = rows[today]
     rows = merge_telemetry(rows)
     configs = rows.config_key.nunique()
     if configs < 2:

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkpilot.chunks import length_cell, rule_candidate, segments
+from chunkpilot.chunks import landed, length_cell, segments
 from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import INPUT_COLUMNS, build
+from chunkpilot.lineup import applied
 from chunkpilot.recipe import Recipe, load_recipe, make_recipe
 
 from .baselines import HeldOutChoices
@@ -21,14 +22,16 @@ from .data import Table
 
 def _choose_at(recipe: Recipe, r: pd.DataFrame, members: np.ndarray, length: int) -> tuple[int, bool]:
     """(the index chosen among the config's measured sizes, deferred) with the config `r` (its rows,
-    `members` their predictions) asked about at `length`, its `full` row read as that length."""
+    `members` their predictions) asked about at `length`, its `full` row read as that length, the
+    anchor of its machine, backend and kernel as the service finds it."""
     first, n = r.iloc[0], int(r.iloc[0].context_length)
     lengths = [length if full else size for size, full in zip(r.chunk_size, r.is_full, strict=True)]
     if length != n:
         config = {c: first[c] for c in INPUT_COLUMNS}
         members = recipe.members(build({**config, "context_length": length, "chunk_size": lengths}))
-    rule = rule_candidate(lengths, length, int(first.window) or None, first.layout)
-    choice = recipe.chooser.pick(members, lengths.index(rule))
+    spec = recipe.anchor(first.hardware_id, first.backend, first.attn_impl).spec
+    anchor = landed(lengths, applied(spec, length, int(first.window) or None, first.layout))
+    choice = recipe.chooser.pick(members, lengths.index(anchor))
     return choice.index, choice.deferred
 
 
@@ -44,12 +47,10 @@ def choose_groups(recipe: Recipe, test: Table, table: bool = True) -> HeldOutCho
         m, n, window = members[:, r.index.to_numpy()], int(r.iloc[0].context_length), int(r.iloc[0].window) or None
         first, last = length_cell(n, tuple(sorted(r.chunk_size[~r.is_full].tolist())), window) if table else (n, n)
 
-        def decide(length: int, r: pd.DataFrame = r, m: np.ndarray = m) -> tuple[int, bool]:
-            return _choose_at(recipe, r, m, length)
+        def decide(lengths: list[int], r: pd.DataFrame = r, m: np.ndarray = m) -> list[tuple[int, bool]]:
+            return [_choose_at(recipe, r, m, length) for length in lengths]
 
-        low = (first, decide(first))
-        high = low if last == first else (last, decide(last))
-        found = next(segments(decide, lambda a, b: a[1][0] == b[1][0], first, low, high, at=n))
+        (found,) = segments(decide, lambda a, b: a[1][0] == b[1][0], [(first, last)], at=n)
         index, was_deferred = found.nearer(n)[1]
         chunks[g] = r.chunk_size.tolist()[index]
         if was_deferred:
@@ -69,17 +70,20 @@ class Served:
 
 def fit_recipes(names: list[str], lgbm: dict, train: Table, folder: Path) -> dict[str, Recipe]:
     """Each named recipe fitted on `train`, saved under `folder`/name and loaded back; one fit per
-    kind of cost model (the per-chunk model's per-candidate twin counts as that kind's)."""
-    fitted = {}
+    kind of cost model (the per-chunk model's per-candidate twin counts as that kind's), one of the
+    anchors for all."""
+    configs = train.anchor_configs
+    fitted: dict[str, Recipe] = {}
     out = {}
     for name in names:
         recipe = make_recipe(name, lgbm)
         kind = recipe.cost.kind
         if kind not in fitted:
-            fitted[kind] = recipe.fit(train.measured).cost
-            if isinstance(fitted[kind], PerChunk):  # its twin is the per-candidate model of the same rows and params
-                fitted.setdefault(fitted[kind].untimed.kind, fitted[kind].untimed)
-        out[name] = load_recipe(Recipe(name, fitted[kind], recipe.chooser).save(folder / name))
+            fitted[kind] = recipe.fit(train.measured, configs)
+            if isinstance(recipe.cost, PerChunk):  # its twin is the per-candidate model of the same rows and params
+                fitted.setdefault(recipe.cost.untimed.kind, Recipe(name, recipe.cost.untimed, anchors=recipe.anchors))
+        cost, anchors = fitted[kind].cost, fitted[kind].anchors
+        out[name] = load_recipe(Recipe(name, cost, recipe.chooser, anchors=anchors).save(folder / name))
     return out
 
 

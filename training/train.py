@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from chunkpilot.recipe import COMPATIBLE, DEFAULT, RECIPES, Recipe, make_recipe
 from chunkpilot.tracking import log_input, quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots, promotion
-from .baselines import baselines
+from .baselines import LINEUP, baselines
 from .crossval import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
 from .data import Table, load_table
 from .progress import Progress
@@ -122,7 +123,8 @@ def recipe_description(recipe: Recipe, data: dict) -> dict:
 
 def baseline_description(policy, data: dict) -> dict:
     """A baseline's params: what it is (its docstring's first sentence) and the data it trained on."""
-    what = " ".join((type(policy).__doc__ or policy.name).split()).split(". ")[0].rstrip(".")
+    what = " ".join((getattr(policy, "what", None) or type(policy).__doc__ or policy.name).split())
+    what = what.split(". ")[0].rstrip(".")
     return {"what": f"baseline: {what}"[:500], **data}
 
 
@@ -207,11 +209,13 @@ def train(
     recipe: str = DEFAULT,
     compare: str = "all",
     progress: Progress | None = None,
+    older_engines: bool = False,
 ) -> TrainResult:
     """Cross-validate `recipe` and what `compare` (COMPARE) names beside it on the same slices, each
     its own run; then fit `recipe` on all rows, pass the gate, log and register. `params`:
     LightGBM's, over the cost models' defaults; `source`: where the data came from, for the runs'
-    lineage; `progress`: where the stages are told (None: nowhere)."""
+    lineage; `progress`: where the stages are told (None: nowhere); `older_engines`: keep rows
+    measured by code of their kernel that no longer runs (training/data.load_table)."""
     source = source or str(data)
     import mlflow
     from mlflow import MlflowClient
@@ -219,7 +223,7 @@ def train(
     start = time.monotonic()
     progress = progress or Progress(None)
     lgbm = dict(params or {})
-    table = load_table(data)
+    table = load_table(data, older_engines)
     slices = make_slices(table.configs)
     if not slices:
         raise DataError("data", f"{data}: the configs differ in nothing that can be held out")
@@ -319,13 +323,21 @@ def train_and_report(
     search_minutes: float = 0.0,
     recipe: str = DEFAULT,
     compare: str = "all",
+    older_engines: bool = False,
+    done: Callable[[TrainResult], None] | None = None,
 ) -> str:
     """What `chunkpilot train`, `retrain` and the demo print: trained on the folder `data`, or
-    (None) on what the fleet published to the tracking server; the stages meanwhile on stderr."""
+    (None) on what the fleet published to the tracking server; the stages meanwhile on stderr.
+    `done` is handed the result (the CLI records it)."""
     if data is None:
         gathered, result = train_from_tracking(experiment, params, search_minutes, recipe, compare, Progress())
-        return f"{_format_gathered(gathered)}\n{format_result(result)}"
-    return format_result(train(data, experiment, params, search_minutes, None, recipe, compare, Progress()))
+        said = f"{_format_gathered(gathered)}\n{format_result(result)}"
+    else:
+        result = train(data, experiment, params, search_minutes, None, recipe, compare, Progress(), older_engines)
+        said = format_result(result)
+    if done is not None:
+        done(result)
+    return said
 
 
 def _format_gathered(gathered: Gathered) -> str:
@@ -358,7 +370,7 @@ def format_result(result: TrainResult) -> str:
             )
     deferred = {n: m["all"]["deferred"] for n, m in result.metrics.items() if m["all"]["deferred"] > 0}  # NaN: no
     lines += [
-        f"{n}: do-no-harm took the rule's size on {share:.0%} of held-out configs" for n, share in deferred.items()
+        f"{n}: do-no-harm took the anchor's size on {share:.0%} of held-out configs" for n, share in deferred.items()
     ]
     lines += [
         "",
@@ -370,6 +382,17 @@ def format_result(result: TrainResult) -> str:
             f"{s:<14}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['top1']:>8.0%}{m['within_5pct']:>10.0%}"
             f"{m['mape']:>8.1%}{m['saved_vs_1024']:>12.0%}{m['saved_vs_rule']:>12.0%}"
         )
+    simple = [n for n in policies if n in LINEUP]
+    if simple:
+        lines += [
+            "",
+            f"{served} against the strongest simple baseline of each slice (lowest mean regret of the lineup)",
+        ]
+        for s in slice_names:
+            best = min(simple, key=lambda n, s=s: result.metrics[n][s]["mean_regret"])
+            ours, theirs = result.metrics[served][s]["mean_regret"], result.metrics[best][s]["mean_regret"]
+            verdict = "beats it" if ours < theirs else "does NOT beat it"
+            lines.append(f"{s:<14}{best:<22}{theirs:>8.1%} vs {ours:>6.1%}: {served} {verdict}")
     losses = [
         f"{name} in {s}"
         for name in policies[1:]

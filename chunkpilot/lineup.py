@@ -1,0 +1,135 @@
+"""The baselines `auto` is judged against, defined once for every judge (the demo, bench/policies.py
+on each backend, the training table, bench/closed_loop.py): one shot, the backend's own default,
+the best single size for this machine and backend (what one sweep of it gives a user, chosen from
+its profile rows only), the hand rule, the simple rule and fixed 1024.
+
+A baseline is a chunk-size spec in `--chunk-size`'s words ("full", "rule", "simple-rule" or a
+number), applied cut to what a config allows, so the engine runs it, training scores it on measured
+rows and the service answers it alike. The strongest of them on a machine's own rows (the lowest
+mean regret) is the anchor: what the recipe's do-no-harm keeps when the cost model is unsure and
+what `auto` falls back to (chunkpilot.recipe). Light: no numpy, no pandas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .chunks import DEFAULT_CHUNKS, clamp_chunk, landed, rule_size, simple_rule
+
+Spec = str  # "full", "rule", "simple-rule" or a positive integer, as `--chunk-size` takes them
+
+# what each backend does when nobody picks a size: the bundled engine's `--chunk-size` default (the
+# hand rule), stock generate without prefill_chunk_size (the whole prompt), llama.cpp's n_ubatch
+BACKEND_DEFAULTS: dict[str, tuple[str, Spec]] = {
+    "chunkpilot": ("the engine's default", "rule"),
+    "transformers": ("generate's default", "full"),
+    "llama.cpp": ("n_ubatch 512", "512"),
+}
+ANY = "*"
+
+
+class Baseline(NamedTuple):
+    name: str
+    spec: Spec
+
+
+def check_spec(spec: str) -> Spec:
+    if spec in ("full", "rule", "simple-rule") or (spec.isdigit() and int(spec) >= 1):
+        return spec
+    raise ValueError(f"a baseline is 'full', 'rule', 'simple-rule' or a positive integer; got {spec!r}")
+
+
+def applied(spec: Spec, context_length: int, window: int | None, layout: str) -> int:
+    """The size `spec` runs for a config: one shot, a rule's size or a fixed size, cut to what the
+    config allows (ring: the window; the context)."""
+    if spec == "rule":
+        return rule_size(context_length, window, layout)
+    if spec == "simple-rule":
+        return simple_rule(context_length, window, layout)
+    size = context_length if spec == "full" else int(spec)
+    return clamp_chunk(size, context_length, window, layout)
+
+
+def describe(spec: Spec) -> str:
+    return {"full": "one shot", "rule": "hand rule", "simple-rule": "simple rule"}.get(spec, spec)
+
+
+@dataclass(frozen=True)
+class MeasuredConfig:
+    """One config's measured sizes (the whole prompt as its length) and their TTFT."""
+
+    sizes: Sequence[int]
+    ttft_ms: Sequence[float]
+    context_length: int
+    window: int | None
+    layout: str
+
+    def regret(self, spec: Spec) -> float:
+        """The regret of `spec` here: the TTFT of the measured size it lands on over the best."""
+        at = dict(zip(self.sizes, self.ttft_ms, strict=True))
+        size = landed(self.sizes, applied(spec, self.context_length, self.window, self.layout))
+        return at[size] / min(self.ttft_ms) - 1
+
+
+def mean_regret(spec: Spec, configs: Sequence[MeasuredConfig]) -> float:
+    return sum(c.regret(spec) for c in configs) / len(configs)
+
+
+def best_single_size(configs: Sequence[MeasuredConfig]) -> Spec:
+    """The one size (of the default candidates, one shot among them) with the lowest mean regret
+    over `configs`: what a user would keep after one sweep of the machine."""
+    specs = [str(c) for c in DEFAULT_CHUNKS]
+    return min(specs, key=lambda s: (mean_regret(s, configs), specs.index(s)))
+
+
+def lineup(backend: str, best: Spec | None = None) -> list[Baseline]:
+    """The baselines of `backend`, in order: one shot, the backend's default, the best single size
+    (when known), the hand rule, the simple rule, fixed 1024; two of one spec are one baseline with
+    both names."""
+    default_name, default_spec = BACKEND_DEFAULTS[backend]
+    named = [
+        ("one shot", "full"),
+        (f"default ({default_name})", default_spec),
+        *([(f"best single size ({describe(best)})", best)] if best is not None else []),
+        ("hand rule", "rule"),
+        ("simple rule", "simple-rule"),
+        ("fixed 1024", "1024"),
+    ]
+    merged: dict[Spec, list[str]] = {}
+    for name, spec in named:
+        merged.setdefault(spec, []).append(name)
+    return [Baseline(" = ".join(names), spec) for spec, names in merged.items()]
+
+
+def strongest(baselines: Iterable[Baseline], configs: Sequence[MeasuredConfig]) -> Baseline:
+    """The baseline with the lowest mean regret over `configs` (the first of equals)."""
+    listed = list(baselines)
+    return min(listed, key=lambda b: (mean_regret(b.spec, configs), listed.index(b)))
+
+
+def anchor_key(hardware_id: str | None, backend: str, attn_impl: str) -> str:
+    return f"{hardware_id or ANY}/{backend}/{attn_impl}"
+
+
+def fit_anchors(configs: Mapping[str, Sequence[MeasuredConfig]]) -> dict[str, Baseline]:
+    """Each machine's anchor per backend and kernel (`configs`: anchor_key -> that machine's
+    configs): the strongest of its lineup, the best single size chosen from its own rows; and per
+    backend and kernel over every machine, for a machine the data does not hold."""
+    pooled: dict[str, list[MeasuredConfig]] = {}
+    for key, measured in configs.items():
+        pooled.setdefault(anchor_key(None, *key.split("/")[1:]), []).extend(measured)
+    anchors = {}
+    for key, measured in {**configs, **pooled}.items():
+        if measured:
+            anchors[key] = strongest(lineup(key.split("/")[1], best_single_size(measured)), measured)
+    return anchors
+
+
+def anchor_for(anchors: Mapping[str, Baseline], hardware_id: str | None, backend: str, attn_impl: str) -> Baseline:
+    """The anchor of this machine, backend and kernel; else of the backend and kernel over every
+    machine; else the simple rule (the strongest two-line rule on the shipped data)."""
+    for key in (anchor_key(hardware_id, backend, attn_impl), anchor_key(None, backend, attn_impl)):
+        if key in anchors:
+            return anchors[key]
+    return Baseline("simple rule", "simple-rule")
