@@ -122,6 +122,7 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
     batch)."""
     hw = resolve_hardware(table, request.hardware, request.dtype, request.threads)
     anchor = request_anchor(recipe, request)
+    known = recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl)
     plans: list[tuple[int, list[int]] | Infeasible] = []
     for n in lengths:
         try:
@@ -150,7 +151,7 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
         n, chunks = plan
         rows, j = slice(starts[j], starts[j + 1]), j + 1
         anchored = chunks.index(anchor_size(anchor, request, chunks, n))
-        choice = recipe.choose(members[:, rows], x[rows], anchored)
+        choice = recipe.choose(members[:, rows], x[rows], anchored, known)
         ms = np.exp(choice.log_ms).tolist()
         if not all(map(math.isfinite, ms)):
             out.append(Infeasible("the model predicted a non-finite TTFT for this request", "non_finite"))

@@ -26,7 +26,7 @@ from . import chunk_features
 from .correction import Correction
 from .cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
 from .features import FEATURES
-from .lineup import Baseline, MeasuredConfig, anchor_for, fit_anchors
+from .lineup import Baseline, MeasuredConfig, anchor_for, anchor_key, fit_anchors
 
 # what a recipe is trained on: the plan's features and the per-chunk cost model's. A recipe saved
 # with another list (an older ChunkPilot) is refused here and replaced by the promotion gate
@@ -67,6 +67,11 @@ class Chooser:
         gain_var = (members - members[:, [index]]).var(0) + (0.0 if noise is None else noise[:, index])
         return Choice(index, deferred, mean, members.std(0), np.sqrt(gain_var))
 
+    def defer(self, members: np.ndarray, anchor: int) -> Choice:
+        """The anchor's size, whatever the members say (a machine the model never saw)."""
+        gain_sd = (members - members[:, [anchor]]).std(0)
+        return Choice(anchor, True, members.mean(0), members.std(0), gain_sd)
+
 
 @dataclass
 class Recipe:
@@ -91,6 +96,14 @@ class Recipe:
         """The anchor of a request on this machine, backend and kernel (chunkpilot.lineup.anchor_for)."""
         return anchor_for(self.anchors, hardware_id, backend, attn_impl)
 
+    def knows(self, hardware_id: str | None, backend: str, attn_impl: str) -> bool:
+        """Whether the cost model has seen this machine run this backend and kernel: in its training
+        rows, or (the service's machine) in the prefills its correction learnt from. Where it has
+        not, its predictions are a guess (held out by machine or backend, the training table shows
+        them worse than the strongest simple baseline), and the anchor decides."""
+        seen = anchor_key(hardware_id, backend, attn_impl) in self.anchors
+        return seen or (self.correction is not None and self.correction.prefills > 0)
+
     def _adjust(self) -> Adjust | None:
         return None if self.correction is None or not self.correction.prefills else self.correction.offsets
 
@@ -106,10 +119,13 @@ class Recipe:
         """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
         return self.cost.members(x, self._adjust())
 
-    def choose(self, members: np.ndarray, x: np.ndarray, anchor: int | None) -> Choice:
+    def choose(self, members: np.ndarray, x: np.ndarray, anchor: int, known: bool = True) -> Choice:
         """One config's candidates, `x` [candidates, FEATURES], their members [K, candidates] (a
-        batch's share: chunkpilot.pick.pick_many), and the anchor's index among them: the service's
-        call. Without a learnt correction it is exactly cross-validation's `chooser.pick`."""
+        batch's share: chunkpilot.pick.pick_many), the anchor's index among them, and whether the
+        model `knows` the machine: the service's call. Without a learnt correction it is exactly
+        cross-validation's `chooser.pick`."""
+        if not known:
+            return self.chooser.defer(members, anchor)
         noise = None if self._adjust() is None else self.correction.difference_variance(x)
         return self.chooser.pick(members, anchor, noise)
 

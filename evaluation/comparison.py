@@ -211,9 +211,18 @@ def evaluate(
     return Evaluation(list(policies), prompts, savings, rounds, min(rounds, full_rounds), drop_above)
 
 
+def column(name: str) -> str:
+    """A policy's column heading: the shortest of its names (a baseline of two specs has two)."""
+    return min(name.split(" = "), key=len)
+
+
 def format_evaluation(ev: Evaluation) -> str:
-    width = 22
-    lines = [f"{'prompt':<28}" + "".join(f"{p:>{width}}" for p in ev.policies) + f"{'measured best':>{width}}   rounds"]
+    width = max(22, *(len(column(n)) + 2 for n in ev.policies))
+    lines = [
+        f"{'prompt':<28}"
+        + "".join(f"{column(p):>{width}}" for p in ev.policies)
+        + f"{'measured best':>{width}}   rounds"
+    ]
     for p in ev.prompts:
         best = p.median(p.best)
         cells = [

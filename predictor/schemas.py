@@ -35,7 +35,7 @@ class BatchResponse(BaseModel):
 class TableSummary(BaseModel):
     builds: bool = Field(description="whether decision tables are built (off: every decision is the recipe's)")
     kinds: int = Field(description="kinds of request seen (model, attention, machine, backend, ...)")
-    kinds_built: int = Field(description="kinds whose table is built")
+    kinds_built: int = Field(description="kinds with no cell of lengths waiting to be built")
     segments: int = Field(description="length segments held, each with one answer")
     last_build_s: float | None = Field(description="the latest build's seconds; null: none yet")
     build_s_total: float = Field(0.0, description="every build's seconds since start: what the tables cost the cores")

@@ -88,14 +88,18 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     from predictor.model import load_predictor
 
     predictor = load_predictor(trained_store, "chunk-size-predictor", "champion", tabled=True)
-    machine = {"matmul_gflops": 100.0, "bandwidth_gbs": 10.0, "call_overhead_ms": 0.05, "cores": 2}
+    machine = {"hardware_id": next(iter(predictor.hardware))}  # a machine the model knows: its own decisions
     ask = ChunkRequest(context_length=3000, model="llama-tiny", hardware=machine)
     predictor.decision_ms = 0.0  # deciding costs nothing next to this TTFT (not this host's clock)
-    first = predictor.answer(ask).response  # a new kind: the recipe decides now, the table builds behind
+    first = predictor.answer(ask).response  # a new kind: the recipe decides now, its cell builds behind
     assert (first.source, first.span) == ("model", None)
     assert predictor.table.wait(120)
-    # past the range built (twice the longest length asked, to a power of two): decided now, built behind
+    assert predictor.answer(ask).response.source == "table"
+    # a length of a cell not built yet: decided now, its cell built behind (only what is asked is built)
+    lengths = [3001, 2950, 4500, 12_345, 700, *range(2000, 2100)]
     assert predictor.answer(ask.model_copy(update={"context_length": 12_345})).response.source == "model"
+    for n in lengths:
+        predictor.answer(ask.model_copy(update={"context_length": n}))
     assert predictor.table.wait(120)
     for n in (3001, 2950, 4500, 12_345, 700):
         request = ask.model_copy(update={"context_length": n})
@@ -103,7 +107,7 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
         assert answer.source == "table" and answer.span[0] <= n <= answer.span[1]
         assert answer.chunk_size == exact.chunk_size, n
         assert answer.predicted_ttft_ms == pytest.approx(exact.predicted_ttft_ms, rel=0.05)
-    # every length of a built kind, flips included: the recipe's own choice, but where the recipe's
+    # every length of a built cell, flips included: the recipe's own choice, but where the recipe's
     # choice flips back inside a segment whose ends agree: there its two sizes are a near tie
     same = 0
     for n in range(2000, 2100):
@@ -123,7 +127,7 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
 
 @pytest.mark.slow
 def test_warming_up_builds_the_tables_before_the_first_timed_prefill(trained_store, monkeypatch):
-    """A comparison (or an engine starting) warms `auto` up: each kind's table is built before any
+    """An engine starting warms `auto` up: the cells of the lengths it will ask are built before any
     prefill is timed, so that no build shares the cores with one, and the answers it got are forgotten."""
     from servers import serve
 
@@ -141,9 +145,10 @@ def test_warming_up_builds_the_tables_before_the_first_timed_prefill(trained_sto
         auto = AutoPolicy(url, 5.0, machine)
         assert auto.warm_up(prompts, timeout_s=240) == 2  # one kind, both lengths answered from its table
         assert auto.answers.get(prompts[0]) is None  # forgotten: the next decision is the steady state's
-        assert auto._ask(later).source == "table"
+        assert auto._ask(later).source != "table"  # another cell: built once asked, not before
+        assert auto.warm_up([later], timeout_s=60) == 1
         auto.close()
     local = make_auto(machine, tracking=trained_store)
     assert local.warm_up(prompts, timeout_s=240) == 2
-    assert local.predictor.tabled_answer(ChunkRequest(**dict(later), hardware=machine)) is not None
+    assert local.predictor.tabled_answer(ChunkRequest(**dict(prompts[1]), hardware=machine)) is not None
     local.close()

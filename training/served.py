@@ -30,8 +30,10 @@ def _choose_at(recipe: Recipe, r: pd.DataFrame, members: np.ndarray, length: int
         config = {c: first[c] for c in INPUT_COLUMNS}
         members = recipe.members(build({**config, "context_length": length, "chunk_size": lengths}))
     spec = recipe.anchor(first.hardware_id, first.backend, first.attn_impl).spec
-    anchor = landed(lengths, applied(spec, length, int(first.window) or None, first.layout))
-    choice = recipe.chooser.pick(members, lengths.index(anchor))
+    anchor = lengths.index(landed(lengths, applied(spec, length, int(first.window) or None, first.layout)))
+    if not recipe.knows(first.hardware_id, first.backend, first.attn_impl):
+        return anchor, True
+    choice = recipe.chooser.pick(members, anchor)
     return choice.index, choice.deferred
 
 
