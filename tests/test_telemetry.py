@@ -262,8 +262,12 @@ def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget()
 
 
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):
+    from engine.machine import fingerprint
+
+    # the machine the champion was profiled on: the model decides (a machine it never saw gets the anchor)
+    known = HARDWARE.model_copy(update={"hardware_id": fingerprint()["hardware_id"]})
     requests = [
-        ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE)
+        ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=known)
         for n in (300, 700, 1500, 3000, 6000, 12000)
         for attention in ({"window": None}, {"window": 128}, {"window": 256, "layout": "ring"})
     ]  # where the model is unsure depends on the model (on what the harness measured): ask about several
@@ -281,7 +285,7 @@ def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trai
         metrics = httpx.get(f"{url}/metrics").text
         again = answers(url)  # never twice running for the same request: this time the picks are measured
         unsure = next(r for r, a in zip(requests, given, strict=True) if a["explored"])
-        policy = AutoPolicy(url, 2.0, HARDWARE)
+        policy = AutoPolicy(url, 2.0, known)
         features = RequestFeatures(**{k: v for k, v in dict(unsure).items() if k in RequestFeatures.model_fields})
         decisions = [policy.decide(features) for _ in range(3)]
         policy.close()
