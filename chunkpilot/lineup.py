@@ -112,33 +112,30 @@ def anchor_key(hardware_id: str | None, backend: str, attn_impl: str) -> str:
     return f"{hardware_id or ANY}/{backend}/{attn_impl}"
 
 
-EVERYWHERE = f"{ANY}/{ANY}/{ANY}"  # the anchor over every machine, backend and kernel
-
-
 def fit_anchors(configs: Mapping[str, Sequence[MeasuredConfig]]) -> dict[str, Baseline]:
     """Each machine's anchor per backend and kernel (`configs`: anchor_key -> that machine's
-    configs): the strongest of its lineup, the best single size chosen from its own rows; per
-    backend and kernel over every machine, for a machine the data does not hold; and over
-    everything (its default: the hand rule's), for a backend or kernel it does not hold."""
+    configs): the strongest of its lineup, the best single size chosen from its own rows; and, for
+    a machine the data does not hold, the best single size over every machine of that backend and
+    kernel (choosing the strongest among baselines fitted to other machines carries their quirks:
+    held out by machine, the pooled best single size had the lower regret)."""
     pooled: dict[str, list[MeasuredConfig]] = {}
+    anchors = {}
     for key, measured in configs.items():
         pooled.setdefault(anchor_key(None, *key.split("/")[1:]), []).extend(measured)
-        pooled.setdefault(EVERYWHERE, []).extend(measured)
-    anchors = {}
-    for key, measured in {**configs, **pooled}.items():
         if measured:
-            backend = key.split("/")[1]
-            anchors[key] = strongest(
-                lineup(backend if backend != ANY else "chunkpilot", best_single_size(measured)), measured
-            )
+            anchors[key] = strongest(lineup(key.split("/")[1], best_single_size(measured)), measured)
+    for key, measured in pooled.items():
+        best = best_single_size(measured)
+        anchors[key] = Baseline(f"best single size ({describe(best)}) over every machine", best)
     return anchors
 
 
 def anchor_for(anchors: Mapping[str, Baseline], hardware_id: str | None, backend: str, attn_impl: str) -> Baseline:
-    """The anchor of this machine, backend and kernel; else of the backend and kernel over every
-    machine; else over everything; else the simple rule (the strongest two-line rule on the shipped
-    data)."""
-    for key in (anchor_key(hardware_id, backend, attn_impl), anchor_key(None, backend, attn_impl), EVERYWHERE):
+    """The anchor of this machine, backend and kernel; else the best single size of the backend and
+    kernel over every machine; else, for a backend or kernel no row holds, the backend's own default
+    (what its users run today: held out by backend, it had the lowest regret)."""
+    for key in (anchor_key(hardware_id, backend, attn_impl), anchor_key(None, backend, attn_impl)):
         if key in anchors:
             return anchors[key]
-    return Baseline("simple rule", "simple-rule")
+    name, spec = BACKEND_DEFAULTS[backend]
+    return Baseline(f"default ({name})", spec)

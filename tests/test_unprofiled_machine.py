@@ -93,8 +93,9 @@ def test_a_fallback_says_why_once_on_stderr_and_in_the_json(tmp_path, foreign_st
     port = free_port()  # nothing listens there
     report, err = prefill_auto(tmp_path, foreign_store, "--predictor-url", f"http://127.0.0.1:{port}")
     assert report["decision"]["source"] == "fallback" and f"127.0.0.1:{port}" in report["decision"]["reason"]
-    # a service it never reached said no anchor: the simple rule answers, and the engine says so once
-    assert err.count("auto fell back to simple rule") == 1 and "simple rule answered" in report["decision"]["reason"]
+    # a service it never reached said no anchor: the engine's own default answers, and it says so once
+    assert err.count("auto fell back to default (the engine's default)") == 1
+    assert "default (the engine's default) answered" in report["decision"]["reason"]
 
 
 def test_the_service_counts_refusals_by_reason(foreign_store):
