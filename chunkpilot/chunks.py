@@ -20,7 +20,7 @@ DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536
 
 
 def hand_rule(context_length: int) -> int:
-    """The write-up's rule: the baseline to beat and the engine's fallback."""
+    """The write-up's rule: one of the baselines `auto` is judged against (chunkpilot.lineup)."""
     if context_length <= 512:
         return 512
     if context_length <= 1536:
@@ -84,8 +84,7 @@ def landed(sizes: Iterable[int], chunk: int) -> int:
 
 
 def rule_candidate(sizes: Iterable[int], context_length: int, window: int | None, layout: str) -> int:
-    """The candidate the hand rule lands on: training scores it, and the recipe's do-no-harm and the
-    service's answer use it."""
+    """The candidate the hand rule lands on: training scores it, and the service's answer states it."""
     return landed(sizes, rule_size(context_length, window, layout))
 
 
@@ -174,7 +173,8 @@ def segments(
     (one decision each) until every segment's ends agree or it is one length; each length gets the
     decision taken at it wherever a flip is found. `decide` takes many lengths at once (every cell's
     ends, then each round's midpoints: a few batched calls, not one per length) and says None for a
-    length no candidate fits, whose cell is left out (feasibility only grows with the length). `at`:
+    length it has no decision for (no candidate fits, a prediction not finite): that length's cell is
+    left out, the error being the request path's to give. `at`:
     only the segment holding that length (the same decisions the whole walk takes on its way there)."""
     cells = [(first, last) for first, last in cells if at is None or first <= at <= last]
     known: dict[int, T | None] = {}
@@ -184,28 +184,32 @@ def segments(
         known.update(zip(todo, decide(todo), strict=True))
 
     decided(n for cell in cells for n in cell)
-    out: list[Segment[T]] = []
-    # (first length, (a, decision at a), (b, decision at b)): a segment still to settle
-    pending = [(first, (first, known[first]), (last, known[last])) for first, last in cells if known[first] is not None]
+    found: dict[int, list[Segment[T]]] = {first: [] for first, _ in cells}  # by cell (its first length)
+    # (its cell, first length, (a, decision at a), (b, decision at b)): a segment still to settle
+    pending = [(first, first, (first, known[first]), (last, known[last])) for first, last in cells]
     while pending:
         split = []
-        for first, low, high in pending:
+        for cell, first, low, high in pending:
             (a, _), (b, _) = low, high
-            if agree(low, high):
-                out.append(Segment(first, b, low, high))
+            if cell not in found:  # left out already
+                continue
+            if low[1] is None or high[1] is None:  # no decision there (no candidate fits; not finite)
+                del found[cell]
+            elif agree(low, high):
+                found[cell].append(Segment(first, b, low, high))
             elif b - a <= 1:
                 if first <= a and (at is None or at == a):
-                    out.append(Segment(a, a, low, low))
+                    found[cell].append(Segment(a, a, low, low))
                 if at is None or at == b:
-                    out.append(Segment(b, b, high, high))
+                    found[cell].append(Segment(b, b, high, high))
             else:
-                split.append((first, low, high, (a + b) // 2))
+                split.append((cell, first, low, high, (a + b) // 2))
         decided(m for *_, m in split)
         pending = []
-        for first, low, high, m in split:
+        for cell, first, low, high, m in split:
             mid = (m, known[m])
             if at is None or at <= m:
-                pending.append((first, low, mid))
+                pending.append((cell, first, low, mid))
             if at is None or at > m:
-                pending.append((m + 1, mid, high))
-    return sorted(out, key=lambda s: s.first)
+                pending.append((cell, m + 1, mid, high))
+    return sorted((s for made in found.values() for s in made), key=lambda s: s.first)

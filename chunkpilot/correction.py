@@ -20,7 +20,7 @@ mean, which carries n sigma^2 / (n + PRIOR)^2 of their variance (none where it l
 the members' spread is the global model's own uncertainty), with sigma^2 the pooled spread of a
 bucket's prefills around their mean (NOISE as a prior worth NOISE_DOF prefills until this machine
 has measured its own). The chooser adds it to the members' disagreement before it overturns the
-hand rule. numpy only: the service applies it on every answer.
+anchor. numpy only: the service applies it on every answer.
 
 Bounded, whoever reports: a chunk's residual is clipped to +-CLIP before it counts (a winsorised
 mean, so one absurd outcome weighs no more than a merely bad one), and since every level is a

@@ -1,7 +1,8 @@
 """One request's pick by a recipe: its feasible candidates, a feature row per candidate on its
-machine (a profiled machine's own descriptors where the model has them), the chooser's pick, and
-the hand rule's size among them. The service (predictor.model) and the registered MLflow model
-(training/mlflow_model.py) both pick through `pick`, so they answer alike."""
+machine (a profiled machine's own descriptors where the model has them), the anchor's and the hand
+rule's sizes among them, and the chooser's pick. The service (predictor.model, `pick_many` for many
+lengths of a kind at once) and the registered MLflow model (training/mlflow_model.py, `pick`) pick
+through the same code, so they answer alike."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class Infeasible(ValueError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.reason)
 
 
 def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) -> dict:

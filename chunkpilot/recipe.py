@@ -105,7 +105,7 @@ class Recipe:
         rows, or (the service's machine) in the prefills its correction learnt from. Where it has
         not, its predictions are a guess (held out by machine or backend, the training table shows
         them worse than the strongest simple baseline), and the anchor decides."""
-        seen = anchor_key(hardware_id, backend, attn_impl) in self.anchors
+        seen = hardware_id is not None and anchor_key(hardware_id, backend, attn_impl) in self.anchors
         return seen or (self.correction is not None and self.correction.prefills > 0)
 
     def _adjust(self) -> Adjust | None:

@@ -52,7 +52,7 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--predictor-timeout-ms",
         default=f"{DECISION_TIMEOUT_S * 1e3:g}",
-        help="give up on the service after this long (the hand rule answers)",
+        help="give up on the service after this long (its anchor, the strongest simple baseline, answers)",
     )
     parser.add_argument("--in-process", action="store_true", help="auto: load the champion here instead of HTTP")
     parser.add_argument("--no-telemetry", action="store_true", help="auto: do not report the prefills' outcomes")

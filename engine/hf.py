@@ -3,7 +3,7 @@
 `transformers` backend's rows). The model's config becomes the shared request (its shape, its own
 sliding window in transformers' shift layout), this machine's descriptors come from the
 engine's cache, and the answer comes from the service over HTTP or the champion in-process, with
-the engine's fallback to the hand rule (and its reason) when neither can answer."""
+the engine's fallback to the anchor (and its reason) when neither can answer."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import faulthandler
 import multiprocessing as mp
+import pickle
 import signal
 import time
 import traceback
@@ -28,6 +29,9 @@ class ChildDied(RuntimeError):
         said = f"; before that it said: {' | '.join(notes)}" if notes else ""
         super().__init__(f"{what}: the child process {how}{said}")
 
+    def __reduce__(self) -> tuple:  # from a child's child, back through a pipe
+        return type(self), (self.what, self.how, self.notes)
+
 
 def note(text: str) -> None:
     """From inside `run_in_child`'s target: a line the caller keeps even if the child then dies."""
@@ -44,6 +48,7 @@ def _child(conn: Connection, target: Callable[..., Any], args: tuple) -> None:
     except BaseException as exc:  # every failure goes back to the caller, as it was raised
         told = traceback.format_exc()
         try:
+            pickle.loads(pickle.dumps(exc))  # one that pickles but does not come back goes as its text too
             conn.send(("raised", exc, told))
         except Exception:  # an exception that does not pickle goes back as its text
             conn.send(("raised", RuntimeError(repr(exc)), told))

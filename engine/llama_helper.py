@@ -1,8 +1,8 @@
 """`auto` for llama.cpp users: a `llama_cpp.Llama` the user already has evaluates a prompt in the
 chunk size ChunkPilot chose. The model's GGUF metadata becomes the shared request (its shape, full
 attention, the context's batch threads), this machine's descriptors come from the engine's cache,
-and the decision from the service or the champion in-process, with the hand rule (and its reason)
-whenever the request cannot be described or neither answers.
+and the decision from the service or the champion in-process; llama.cpp's own default (n_ubatch
+512, and the reason) answers a request that cannot be described, the anchor one neither answers.
 
 A chunk is one micro-batch: llama.cpp splits each `llama_decode` at the context's `n_ubatch`, and
 the binding's `eval` splits the prompt at `n_batch`, so a size above both is cut to the smaller."""
@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from chunkpilot.chunks import rule_size
 from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
+from chunkpilot.lineup import anchor_for, applied
 
 from .hardware import local_hardware
 from .llama_probe import require
@@ -72,8 +72,9 @@ def prefill_chunk_size(llm: Any, context_length: int, policy: ChunkPolicy) -> De
     try:
         decision = policy.decide(request_features(llm, context_length))
     except ConfigError as exc:
-        size = rule_size(context_length, None, "shift")  # llama.cpp attends fully
-        decision = Decision(size, "fallback", reason=f"{exc.field}: {exc.message}")
+        default = anchor_for({}, None, "llama.cpp", "masked")  # the backend's own default
+        size = applied(default.spec, context_length, None, "shift")  # llama.cpp attends fully
+        decision = Decision(size, "fallback", reason=f"{exc.field}: {exc.message}; {default.name} answered")
     return dataclasses.replace(decision, chunk_size=min(decision.chunk_size, largest_chunk(llm)))
 
 

@@ -15,7 +15,7 @@ from chunkpilot.lineup import Baseline, applied
 if TYPE_CHECKING:
     from .engine import TTFTResult
 
-DECISION_TIMEOUT_S = 0.05  # `auto` waits this long for the service before a prefill, then the hand rule answers
+DECISION_TIMEOUT_S = 0.05  # `auto` waits this long for the service before a prefill, then its anchor answers
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class FullPolicy(ChunkPolicy):
 
 @dataclass(frozen=True)
 class RulePolicy(ChunkPolicy):
-    """A rule of thumb, cut to what the config allows, so that it always works as a fallback: the hand
+    """A rule of thumb, cut to what the config allows, so that it always has an answer: the hand
     rule, or `RulePolicy("simple-rule", simple_rule)` (one shot without a window, else the hand rule)."""
 
     name: str = "rule"

@@ -22,16 +22,17 @@ import httpx
 from pydantic import ValidationError
 
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
-from chunkpilot.lineup import Baseline, anchor_for, anchor_key, applied
+from chunkpilot.lineup import Baseline, anchor_for, anchor_key
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 
-from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
+from .policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy, Decision
 from .telemetry import Reporter, outcome
 
 if TYPE_CHECKING:
     from .engine import TTFTResult
 
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
+MAX_SPANS = 4096  # answers kept per kind of request
 JSON = {"content-type": "application/json"}
 WARM_UP_S = 300.0  # a decision table builds in seconds per kind of request on one core
 
@@ -66,10 +67,14 @@ class Answers:
         return None if found is None else (found, time.monotonic() - found.at >= self.ttl_s)
 
     def put(self, request: RequestFeatures, answer: Remembered) -> None:
-        """Kept in place of the answers it overlaps (a rebuilt table may draw other segments)."""
+        """Kept in place of the answers it overlaps (a rebuilt table may draw other segments), and
+        of the kind's oldest past MAX_SPANS (answers for one length each, from a service without
+        tables, would otherwise pile up)."""
         with self.lock:
             spans = self.kinds.setdefault(request.kind(), [])
             spans[:] = [r for r in spans if r.last < answer.first or r.first > answer.last]
+            if len(spans) >= MAX_SPANS:
+                spans.remove(min(spans, key=lambda r: r.at))
             bisect.insort(spans, answer, key=lambda r: r.first)
 
 
@@ -96,8 +101,7 @@ def fall_back(request: RequestFeatures, reason: str, anchor: Baseline) -> Decisi
     if not _warned:
         _warned = True
         print(f"chunkpilot: auto fell back to {anchor.name}: {reason}", file=sys.stderr, flush=True)
-    att = request.attention
-    size = applied(anchor.spec, request.context_length, att.window, att.layout)
+    size = BaselinePolicy(anchor).decide(request).chunk_size
     return Decision(size, "fallback", None, f"{reason}; {anchor.name} answered")
 
 
@@ -184,6 +188,9 @@ class AutoPolicy(Observing):
         self.anchors = self._served_anchors()
         self.refresher = ThreadPoolExecutor(1, thread_name_prefix="auto-refresh")  # stale answers, asked again
         self.refreshing: set[str] = set()  # kinds asked again now
+        # an exploration a refresh was answered: for the next prefill of that kind and length to measure
+        self.explorations: dict[tuple[str, int], Decision] = {}
+        self.lock = threading.Lock()  # the refresher and the decisions both record answers
 
     def _served_anchors(self) -> dict[str, Baseline]:
         """The served model's anchors, asked once at start (each answer then updates its own): what
@@ -195,20 +202,29 @@ class AutoPolicy(Observing):
             return {}
 
     def decide(self, request: RequestFeatures) -> Decision:
+        explored = self.explorations.pop((request.kind(), request.context_length), None)
+        if explored is not None:
+            return explored
         cached = self.answers.get(request)
         if cached is not None:
             found, stale = cached
             if stale and request.kind() not in self.refreshing:
                 self.refreshing.add(request.kind())
-                self.refresher.submit(self._refresh, request)
+                try:
+                    self.refresher.submit(self._refresh, request)
+                except RuntimeError:  # closed: the cached answer still answers
+                    self.refreshing.discard(request.kind())
             chunk = request.context_length if found.chunk == "full" else found.chunk
             return Decision(request.clamp(chunk), "cache", self.version, schedule=found.schedule)
         return self._decide_now(request)
 
     def _refresh(self, request: RequestFeatures) -> None:
-        """A stale answer asked again, off the decision's path (whatever happens is the next one's)."""
+        """A stale answer asked again, off the decision's path: the answer is the next decision's (an
+        exploration is kept for the next prefill of that length, which measures it)."""
         try:
-            self._decide_now(request)
+            decision = self._decide_now(request)
+            if decision.explored:
+                self.explorations[(request.kind(), request.context_length)] = decision
         finally:
             self.refreshing.discard(request.kind())
 
@@ -222,20 +238,22 @@ class AutoPolicy(Observing):
         try:
             answer = self._ask(request)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
-            self.breaker.record(False)
-            self.last_error = failure_reason(exc, self.url, self.timeout_s)
+            with self.lock:
+                self.breaker.record(False)
+                self.last_error = failure_reason(exc, self.url, self.timeout_s)
             return fall_back(request, self.last_error, self.anchor(request))
-        self.breaker.record(True)
-        key = anchor_key(self.hardware.hardware_id, request.backend, request.attn_impl)
-        self.anchors[key] = Baseline(answer.anchor.name, answer.anchor.spec)
-        if answer.model_version != self.version:  # a promotion: answers of the old model go
-            self.version, self.answers = answer.model_version, Answers(self.cache_ttl_s)
         n, chunk = request.context_length, answer.chunk_size
         schedule = None if answer.schedule is None else tuple(answer.schedule)  # checked by _ask
-        if not answer.explored:  # an exploration is for this prefill only
-            first, last = answer.span or (n, n)
-            kept = "full" if chunk == n else chunk
-            self.answers.put(request, Remembered(first, last, kept, schedule, time.monotonic()))
+        with self.lock:
+            self.breaker.record(True)
+            key = anchor_key(self.hardware.hardware_id, request.backend, request.attn_impl)
+            self.anchors[key] = Baseline(answer.anchor.name, answer.anchor.spec)
+            if answer.model_version != self.version:  # a promotion: answers of the old model go
+                self.version, self.answers = answer.model_version, Answers(self.cache_ttl_s)
+            if not answer.explored:  # an exploration is for this prefill only
+                first, last = answer.span or (n, n)
+                kept = "full" if chunk == n else chunk
+                self.answers.put(request, Remembered(first, last, kept, schedule, time.monotonic()))
         return Decision(chunk, "service", answer.model_version, explored=answer.explored, schedule=schedule)
 
     def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
@@ -320,7 +338,7 @@ class InProcessPolicy(Observing):
 
         try:
             answer = self.predictor.answer(ask(request, self.hardware, self.schedule)).response
-        except (Infeasible, ValueError) as exc:  # the rule always has an answer
+        except (Infeasible, ValueError) as exc:  # the anchor always has an answer
             why = f"the in-process model cannot answer: {str(exc).splitlines()[0]}"
             return fall_back(request, why, self.anchor(request))
         schedule = None if answer.schedule is None else tuple(answer.schedule)

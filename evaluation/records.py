@@ -20,9 +20,6 @@ def results_path() -> Path:
     return Path(os.environ.get("CHUNKPILOT_RESULTS") or RESULTS)
 
 
-TRIPLES = ("gross", "warm", "cold")
-
-
 def _commit() -> str:
     """This checkout's commit, `+changes` when the working tree differs from it."""
     try:

@@ -12,9 +12,9 @@ from chunkpilot.registry import CHAMPION, MODEL_NAME
 from chunkpilot.tracking import tracking_uri
 
 # a decision on the request path may cost at most this share of the TTFT it decides (by the analytic
-# estimate of the rule's size): a small share of the points the recipe's held-out regret lies below
-# the hand rule's (docs/training.md), so spending it keeps most of that saving; a cell not worth it
-# is answered by the rule while the table builds it
+# estimate of the anchor's size): a small share of the points the recipe's held-out regret lies below
+# the rules' (docs/training.md), so spending it keeps most of that saving; a cell not worth it is
+# answered by the anchor while the table builds it
 BUDGET = 0.01
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})  # names and addresses of this machine alone
 

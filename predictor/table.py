@@ -145,41 +145,45 @@ class DecisionTable:
                 self.builder.start()
             self.ready.notify()
 
-    def _next(self) -> tuple[Kind, list[tuple[int, int]], int] | None:
-        """(a kind, the cells to build now, the generation they are built with): the cells asked
-        about first, then the built cells of a kind asked about since a build with an older
-        correction whose REBUILD_S have passed; None once closed."""
+    def _next(self) -> tuple[Kind, list[tuple[int, int]], int, bool] | None:
+        """(a kind, the cells to build now, the generation they are built with, whether this rebuilds
+        the kind after a learn): the cells asked about first (with the kind's generation, so that
+        its older cells are still rebuilt when due), then the built cells of a kind asked about since
+        a build with an older correction whose REBUILD_S have passed; None once closed."""
         with self.ready:
             while not self.closed:
                 now = time.monotonic()
                 kinds = list(self.kinds.values())
                 first = next((k for k in kinds if k.wanted), None)
                 if first is not None:
-                    wanted = sorted(first.wanted)
-                    return first, wanted, first.generation if first.built else self.generation
+                    return first, sorted(first.wanted), first.generation if first.built else self.generation, False
                 stale = [k for k in kinds if k.generation != self.generation and k.asked and k.built]
                 due = [k for k in stale if now - k.built_at >= REBUILD_S]
                 if due:
-                    return due[0], sorted(due[0].built), self.generation
+                    return due[0], sorted(due[0].built), self.generation, True
                 wait = min((REBUILD_S - (now - k.built_at) for k in stale), default=None)
                 self.ready.wait(wait)
             return None
 
     def _build_forever(self) -> None:
         while (task := self._next()) is not None:
-            kind, cells, generation = task
+            kind, cells, generation, rebuild = task
             start = time.perf_counter()
-            kind.asked = False
-            found = segments(lambda lengths, r=kind.request: self.exact_answers(r, lengths), agree, cells)
+            if rebuild:
+                kind.asked = False
+            try:
+                found = segments(lambda lengths, r=kind.request: self.exact_answers(r, lengths), agree, cells)
+            except Exception:  # a build that fails leaves its cells to the request path, never the thread dead
+                found = []
             with self.ready:
-                inside = {cell: [s for s in found if cell[0] <= s.first <= cell[1]] for cell in cells}
                 kept = [s for s in kind.entries[1] if not any(c[0] <= s.first <= c[1] for c in cells)]
-                merged = sorted([*kept, *(s for made in inside.values() for s in made)], key=lambda s: s.first)
+                merged = sorted([*kept, *found], key=lambda s: s.first)
                 kind.entries = ([s.first for s in merged], merged)  # one swap: readers see the old or the new
                 kind.built |= set(cells)
                 kind.wanted -= set(cells)
                 kind.generation = generation
-            kind.built_at = time.monotonic()
+            if rebuild:
+                kind.built_at = time.monotonic()
             self.built_s.append(time.perf_counter() - start)
             self.build_s_total += self.built_s[-1]
 

@@ -61,6 +61,22 @@ def test_a_child_killed_by_a_signal_is_an_error_naming_it_and_what_it_said(sig):
     assert died.value.notes == ["about to die"]
 
 
+def die_in_a_grandchild() -> None:
+    run_in_child(say_then_die, signal.SIGSEGV, what="the grandchild")
+
+
+def test_an_error_from_a_child_s_child_comes_back_whole():
+    """A probe's child quantises in a child of its own: that one's death reaches the caller with its
+    fields, not as an error about unpickling it."""
+    with pytest.raises(ChildDied) as died:
+        run_in_child(die_in_a_grandchild, what="the child")
+    assert (died.value.what, died.value.how, died.value.notes) == (
+        "the grandchild",
+        "died of SIGSEGV",
+        ["about to die"],
+    )
+
+
 def test_a_child_past_its_time_is_killed():
     t0 = time.monotonic()
     with pytest.raises(ChildDied, match="ran past 1 s"):

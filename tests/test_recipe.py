@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from chunkpilot.contract import ChunkRequest
-from chunkpilot.correction import CLIP, Correction
+from chunkpilot.correction import CLIP, Correction, Learnt
 from chunkpilot.cost_models import PerChunk, expand
 from chunkpilot.recipe import DEFAULT, Chooser, load_recipe
 from training.baselines import rank_level
@@ -41,6 +41,25 @@ def test_do_no_harm_weighs_the_saving_against_the_noise_the_correction_brings():
     assert picked(Chooser(z=1.0), members, anchor=0) == (1, False)
     unsure = np.array([[0.0, 0.01], [0.01, 0.0]])  # the correction's variance of the difference: +-10%
     assert picked(Chooser(z=1.0), members, anchor=0, noise=unsure) == (0, True)
+
+
+def test_the_anchor_decides_for_a_machine_the_model_never_saw():
+    """The strongest simple baseline of a machine, backend and kernel is fitted from its own rows;
+    a machine the rows do not hold (or a request that names none) gets its backend's own default,
+    and the model does not decide for it until its correction has learnt from its prefills."""
+    from chunkpilot.cost_models import PerChunk
+    from chunkpilot.lineup import MeasuredConfig, anchor_key, fit_anchors
+    from chunkpilot.recipe import Recipe
+
+    one_shot_wins = MeasuredConfig([512, 1024, 3000], [120.0, 110.0, 100.0], 3000, None, "shift")
+    recipe = Recipe("r", PerChunk(), anchors=fit_anchors({anchor_key("m1", "chunkpilot", "split"): [one_shot_wins]}))
+    assert recipe.anchor("m1", "chunkpilot", "split").spec == "full"
+    assert recipe.anchor("m2", "llama.cpp", "masked").spec == "512"  # llama.cpp's own n_ubatch
+    assert recipe.anchor(None, "transformers", "masked").spec == "full"  # generate's own: no chunking
+    assert recipe.knows("m1", "chunkpilot", "split")
+    assert not recipe.knows("m2", "chunkpilot", "split") and not recipe.knows(None, "chunkpilot", "split")
+    recipe.correction = Correction(learnt=Learnt(prefills=3))  # this machine, learnt from its own prefills
+    assert recipe.knows(None, "chunkpilot", "split")
 
 
 def test_rank_level_combines_the_levels_and_the_ranker_by_rank():

@@ -68,6 +68,18 @@ def test_a_cell_whose_ends_disagree_is_halved_until_each_flip_is_found():
     assert one in found and one.first <= 1050 <= one.last and sum(map(len, asked)) <= 2 + 7
 
 
+def test_a_cell_with_a_length_that_has_no_decision_is_left_out_and_the_others_kept():
+    """A stand-in decision (unit test): none at 1,050 (a prediction not finite, say), a midpoint of
+    the first cell's halving: that cell is left out whole (the request path gives the error), the
+    next cell is built, and the table's builder thread lives on."""
+
+    def decide_many(lengths: list[int]) -> list[int | None]:
+        return [None if n == 1050 else 512 if n < 1040 else 256 for n in lengths]
+
+    found = segments(decide_many, lambda a, b: a[1] == b[1], [(1025, 1075), (1076, 1100)])
+    assert [(s.first, s.last) for s in found] == [(1076, 1100)]
+
+
 @pytest.mark.slow
 def test_the_tables_choice_is_the_recipes_on_every_held_out_config_of_the_shipped_data():
     """Each half of the shipped configs held out in turn: the decision table's choice (its length's

@@ -18,7 +18,7 @@ import pandas as pd
 from chunkpilot.chunks import clamp_chunk, landed, rule_candidate
 from chunkpilot.cost_models import PerCandidate
 from chunkpilot.features import FEATURES
-from chunkpilot.lineup import BACKEND_DEFAULTS, anchor_for, anchor_key, applied, best_single_size, fit_anchors
+from chunkpilot.lineup import BACKEND_DEFAULTS, anchor_for, anchor_key, applied, best_single_size, fit_anchors, pooled
 
 from .data import Table
 
@@ -59,7 +59,7 @@ class HeldOutChoices:
 
     chunks: dict[str, int]  # group -> chosen chunk size
     predicted_ms: np.ndarray | None = None  # per test row, for regressors
-    deferred: set[str] | None = None  # groups where a do-no-harm recipe took the rule's size instead
+    deferred: set[str] | None = None  # groups where a do-no-harm recipe took the anchor's size instead
 
 
 class HeldOutPolicy(Protocol):
@@ -128,14 +128,12 @@ class BestSingleSize(Spec):
 
     def fit(self, train: Table) -> None:
         by_key = train.anchor_configs
-        pooled: dict[str, list] = {}
-        for key, configs in by_key.items():
-            pooled.setdefault(anchor_key(None, *key.split("/")[1:]), []).extend(configs)
-        self.sizes = {key: best_single_size(configs) for key, configs in {**by_key, **pooled}.items()}
+        self.sizes = {key: best_single_size(configs) for key, configs in {**by_key, **pooled(by_key)}.items()}
 
     def spec(self, group: str) -> str:
-        key = self.keys[group]
-        return self.sizes.get(key) or self.sizes.get(anchor_key(None, *key.split("/")[1:]), "1024")
+        hardware, backend, kernel = self.keys[group].split("/")
+        found = self.sizes.get(self.keys[group]) or self.sizes.get(anchor_key(None, backend, kernel))
+        return found or BACKEND_DEFAULTS[backend][1]
 
 
 class Strongest(Spec):

@@ -60,6 +60,6 @@ def summarize_regret(frame: pd.DataFrame) -> dict[str, float]:
         "mape": float(frame.ape.mean()) if "ape" in frame else float("nan"),
         "saved_vs_1024": _saved(frame, "ttft_1024"),
         "saved_vs_rule": _saved(frame, "ttft_rule"),
-        # how often a do-no-harm policy took the rule's size (NaN for the others: not logged)
+        # how often a do-no-harm policy took the anchor's size (NaN for the others: not logged)
         "deferred": float(frame.deferred.mean()) if frame.deferred.notna().all() else float("nan"),
     }
