@@ -24,12 +24,13 @@ Family = Literal["llama", "mistral", "qwen2", "gemma3"]
 Layout = Literal["shift", "ring"]
 Dtype = Literal["float32", "bfloat16"]
 # split: only the keys a query sees, blocks merged by log-sum-exp (the bundled engine on a CPU);
-# masked: a dense mask [Q, K] through PyTorch's SDPA, every key computed; eager: the model's own kernel
-AttnImpl = Literal["split", "masked", "eager"]
+# masked: a dense mask [Q, K] through PyTorch's SDPA (llama.cpp: its default, scores of every cached
+# key masked); eager: the model's own kernel; flash: llama.cpp's flash attention (flash_attn on)
+AttnImpl = Literal["split", "masked", "eager", "flash"]
 # what runs the prefill: the bundled engine, stock transformers generate(), a llama.cpp context
 Backend = Literal["chunkpilot", "transformers", "llama.cpp"]
 # llama.cpp's weights: f32, or quantised by llama.cpp's own quantizer (the other backends run `Dtype`)
-Quant = Literal["f32", "f16", "q8_0", "q4_k_m"]
+Quant = Literal["f32", "f16", "bf16", "q8_0", "q4_k_m"]
 FAMILIES, LAYOUTS, DTYPES, ATTN_IMPLS, BACKENDS, QUANTS = (
     t.__args__ for t in (Family, Layout, Dtype, AttnImpl, Backend, Quant)
 )
@@ -87,6 +88,21 @@ def check_attn_impl(attn_impl: AttnImpl, backend: Backend, device: str = "cpu") 
             "attn_impl",
             f"split runs in the chunkpilot backend on cpu (torch's CPU flash kernel); for backend {backend} "
             f"on {device} use masked or eager",
+        )
+    if attn_impl == "flash" and backend != "llama.cpp":
+        raise ConfigError(
+            "attn_impl", f"flash is llama.cpp's flash attention; backend {backend} runs split, masked or eager"
+        )
+    if attn_impl == "eager" and backend == "llama.cpp":
+        raise ConfigError("attn_impl", "llama.cpp runs masked (its default: flash attention off) or flash")
+
+
+def check_quant(quant: Quant | None, backend: Backend) -> None:
+    if (quant is None) != (backend != "llama.cpp"):
+        raise ConfigError(
+            "quant",
+            f"only the llama.cpp backend runs quantised weights ({', '.join(QUANTS)}); the others run "
+            f"their dtype; got {quant} for backend {backend}",
         )
 
 
@@ -295,17 +311,25 @@ class RequestFeatures(Contract):
         "masked is the default of the others)",
     )
     backend: Backend = Field(default="chunkpilot", description="what runs the prefill: " + ", ".join(BACKENDS))
+    quant: Quant | None = Field(
+        default=None,
+        description="llama.cpp's GGUF weights: " + ", ".join(QUANTS) + " (f32 if not given); none elsewhere",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _backend_s_kernel(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "attn_impl" not in data and data.get("backend", "chunkpilot") != "chunkpilot":
-            return {**data, "attn_impl": default_attn_impl(data["backend"])}
+        if not isinstance(data, dict) or data.get("backend", "chunkpilot") == "chunkpilot":
+            return data
+        data = {"attn_impl": default_attn_impl(data["backend"]), **data}
+        if data["backend"] == "llama.cpp" and data.get("quant") is None:  # older rows and clients: f32 GGUF
+            data["quant"] = "f32"
         return data
 
     @model_validator(mode="after")
     def _known_preset(self) -> RequestFeatures:
         check_attn_impl(self.attn_impl, self.backend)
+        check_quant(self.quant, self.backend)
         if isinstance(self.model, str) and self.model not in PRESETS:
             raise ConfigError("model", f"must be a preset ({', '.join(PRESETS)}) or shape fields; got {self.model!r}")
         return self
@@ -344,6 +368,7 @@ class RequestFeatures(Contract):
             "threads": self.threads,
             "attn_impl": self.attn_impl,
             "backend": self.backend,
+            "quant": self.quant,
             **{name: hardware.get(name) or 0 for name in DESCRIPTORS},
         }
 
@@ -379,6 +404,7 @@ class ChunkRequest(RequestFeatures):
             threads=row["threads"],
             attn_impl=row["attn_impl"],
             backend=row.get("backend") or "chunkpilot",
+            quant=row.get("quant"),  # none in older llama.cpp rows: f32
             hardware=Hardware(hardware_id=row.get("hardware_id"), **{name: row[name] for name in DESCRIPTORS}),
         )
 

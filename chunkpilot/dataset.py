@@ -31,6 +31,7 @@ from chunkpilot.contract import (
     LAYOUTS,
     NO_WINDOW,
     PRESETS,
+    QUANTS,
     AttentionConfig,
     ChunkRequest,
     ConfigError,
@@ -44,7 +45,7 @@ from chunkpilot.paths import inside
 
 # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
 # version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it; older files read
-HARNESS_VERSION = "6"
+HARNESS_VERSION = "7"
 # The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
 # engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
 # faster, most at small chunks: docs/performance.md), after which version 5 was the first; split
@@ -57,7 +58,7 @@ KERNEL_SINCE: dict[tuple[str, str], int] = {
     ("transformers", "masked"): 5,
     ("transformers", "eager"): 5,
     ("llama.cpp", "masked"): 5,
-    ("llama.cpp", "eager"): 5,
+    ("llama.cpp", "flash"): 7,
 }
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
@@ -74,6 +75,8 @@ SCHEMA = pa.schema(
         ("parameters", _int), ("tie_embeddings", _bool), ("context_length", _int), ("window", _int),
         ("layout", _str), ("sinks", _int), ("global_tokens", _int), ("dtype", _str), ("threads", _int),
         ("attn_impl", _str), ("backend", _str), ("backend_version", _str), ("compiled", _bool),
+        # llama.cpp's weights and the batch sizes its context ran with (null for the other backends)
+        ("quant", _str), ("n_batch", _int), ("n_ubatch", _int),
         # the hardware it ran on
         ("hardware_id", _str), ("device_kind", _str), ("device_name", _str), ("cores", _int),
         ("l2_cache_bytes", _int), ("l3_cache_bytes", _int), ("memory_bytes", _int),
@@ -102,7 +105,7 @@ LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset s
 # columns older files (and the profiler's, for the telemetry ones) lack, and what such a row reads as
 OPTIONAL = {
     **dict.fromkeys(("chunk_ms", "tie_embeddings", "backend_version", "decision_source", "model_version", "explored")),
-    **dict.fromkeys(("compiled", "prefill_gflops", "matmul_peak_gflops")),
+    **dict.fromkeys(("compiled", "prefill_gflops", "matmul_peak_gflops", "quant", "n_batch", "n_ubatch")),
     "global_tokens": 0,
     "backend": "chunkpilot",
 }
@@ -137,7 +140,13 @@ def _bounds() -> dict[str, tuple[float, bool, float | None]]:
 
 _BOUNDS = _bounds()
 # the contract's names (a row's layout is `none` without a window)
-_CHOICES = {"layout": (NO_WINDOW, *LAYOUTS), "dtype": DTYPES, "attn_impl": ATTN_IMPLS, "backend": BACKENDS}
+_CHOICES = {
+    "layout": (NO_WINDOW, *LAYOUTS),
+    "dtype": DTYPES,
+    "attn_impl": ATTN_IMPLS,
+    "backend": BACKENDS,
+    "quant": (None, *QUANTS),
+}
 
 
 class DataError(ConfigError):
@@ -162,10 +171,10 @@ def validate(df: pd.DataFrame, where: str) -> None:
             if high is not None and v > high:
                 raise DataError(column, f"{where} row {i}: must be <= {high}, got {v!r}")
         for column, allowed in _CHOICES.items():
-            if values.get(column, OPTIONAL.get(column)) not in allowed:
-                raise DataError(
-                    column, f"{where} row {i}: must be one of {', '.join(allowed)}, got {values.get(column)!r}"
-                )
+            value = values.get(column, OPTIONAL.get(column))
+            if value not in allowed and not (None in allowed and pd.isna(value)):
+                names = ", ".join(str(a) for a in allowed)
+                raise DataError(column, f"{where} row {i}: must be one of {names}, got {value!r}")
         n, chunk = values["context_length"], values["chunk_size"]
         if chunk > n or values["num_chunks"] != math.ceil(n / chunk):
             raise DataError(

@@ -21,18 +21,22 @@ Num = float | np.ndarray  # a column, or one value shared by every row
 INPUT_COLUMNS = (
     "context_length", "chunk_size", "window", "layout", "sinks", "global_tokens", "global_every",
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
-    "parameters", "dtype", "threads", "attn_impl", "backend",
+    "parameters", "dtype", "threads", "attn_impl", "backend", "quant",
     "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_bytes", "l3_cache_bytes",
 )
 # fmt: on
 LAYOUT_CODES = {NO_WINDOW: 0, "shift": 1, "ring": 2}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-ATTN_CODES = {"masked": 0, "eager": 1, "split": 2}
+# llama.cpp's weights, bits per weight (Q8_0: 32 int8 and an f16 scale a block; Q4_K_M: llama.cpp's
+# own figure for its mix of Q4_K and Q6_K); a row without a quantisation holds its dtype's
+QUANT_BITS = {"f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q4_k_m": 4.89}
+ATTN_CODES = {"masked": 0, "eager": 1, "split": 2, "flash": 3}
 BACKEND_CODES = {"chunkpilot": 0, "transformers": 1, "llama.cpp": 2}
 # how a model runs and on what: the features that, with the shape, make a kind of request
 RUNTIME = (
     "backend",
     "dtype_bytes",
+    "weight_bits",
     "attn_impl",
     "threads",
     "matmul_gflops",
@@ -48,7 +52,7 @@ FEATURES = (
     "window", "has_window", "layout", "sinks", "global_tokens", "local_fraction",
     # the model
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
-    "parameters", "dtype_bytes", "attn_impl", "backend",
+    "parameters", "dtype_bytes", "weight_bits", "attn_impl", "backend",
     # the hardware
     "threads", "matmul_gflops", "bandwidth_gbs", "call_overhead_ms", "cores", "l2_cache_mib", "l3_cache_mib",
     # analytic terms
@@ -112,6 +116,14 @@ def _codes(value: np.ndarray | list | str, table: dict[str, int]) -> Num:
     return np.array([table[v] for v in value], dtype=np.float64)
 
 
+def _weight_bits(quant: np.ndarray | list | str | float | None, dtype_bytes: Num) -> Num:
+    """Bits per weight: a row's quantisation's, else (no quantisation: None, or NaN from pandas) its dtype's."""
+    if not isinstance(quant, list | np.ndarray):  # one value for every row
+        return QUANT_BITS[quant] if isinstance(quant, str) else 8 * dtype_bytes
+    bits = np.array([QUANT_BITS.get(q, np.nan) if isinstance(q, str) else np.nan for q in quant])
+    return np.where(np.isnan(bits), 8 * np.asarray(dtype_bytes, dtype=np.float64), bits)
+
+
 def _attended(layers: Num, n: Num, c: Num, window: Num) -> Num:
     """layers x the keys each query attends to, summed; nothing to sum where no layer is of this kind."""
     return 0.0 if isinstance(layers, float) and layers == 0 else layers * keys_sum(n, c, window)
@@ -127,11 +139,14 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     per chunk size. Any other column may be a scalar shared by every row: the service passes one
     config and its candidate chunk sizes."""
     f = {
-        name: _numbers(rows[name]) for name in INPUT_COLUMNS if name not in ("layout", "dtype", "attn_impl", "backend")
+        name: _numbers(rows[name])
+        for name in INPUT_COLUMNS
+        if name not in ("layout", "dtype", "attn_impl", "backend", "quant")
     }
     n, c = f["context_length"], np.minimum(np.atleast_1d(f["chunk_size"]), f["context_length"])  # [rows]
     layers, heads, kv, hd = f["num_layers"], f["num_heads"], f["num_kv_heads"], f["head_dim"]
     dtype_bytes = _codes(rows["dtype"], DTYPE_BYTES)
+    weight_bits = _weight_bits(rows.get("quant"), dtype_bytes)
     has_window = f["window"] > 0
     window = _where(has_window, f["window"], np.inf)
     every = f["global_every"]
@@ -158,7 +173,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
         "local_fraction": local_layers / layers,
         "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
         "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
-        "dtype_bytes": dtype_bytes, "attn_impl": _codes(rows["attn_impl"], ATTN_CODES),
+        "dtype_bytes": dtype_bytes, "weight_bits": weight_bits, "attn_impl": _codes(rows["attn_impl"], ATTN_CODES),
         "backend": _codes(rows["backend"], BACKEND_CODES),
         "threads": f["threads"], "matmul_gflops": gflops, "bandwidth_gbs": f["bandwidth_gbs"],
         "call_overhead_ms": f["call_overhead_ms"], "cores": f["cores"],

@@ -99,7 +99,8 @@ class LlamaCppEngine(Engine):
     backend: ClassVar[Backend] = "llama.cpp"
 
     def __init__(self, config: EngineConfig) -> None:
-        self.features = require(FTYPES[config.quant])  # before any native call here: refused, not killed
+        # before any native call here: refused, not killed
+        self.features = require(FTYPES[config.quant], config.attn_impl == "flash")
         self._version = build()
         super().__init__(config)
         if (why := supported(self.shape)) is not None:
@@ -138,13 +139,17 @@ class LlamaCppEngine(Engine):
                 n_ubatch=n_ubatch,
                 n_threads=threads,
                 n_threads_batch=threads,
+                flash_attn=self.config.attn_impl == "flash",
                 verbose=False,
             )
         return self._contexts[key]
 
+    def batch_tokens(self, chunk: int) -> int:
+        return _padded(chunk)
+
     def to_first_token(self, prepared: Prepared, chunks: Sequence[int]) -> Prefilled:
         n = prepared.request.context_length
-        llm = self.context(_padded(n + 1), _padded(max(chunks)))
+        llm = self.context(_padded(n + 1), self.batch_tokens(max(chunks)))
         tokens = prepared.ids[0].tolist()
         t2 = clock_ms(self.device)
         chunk_ms = decode_chunks(llm, tokens, chunks)

@@ -152,7 +152,13 @@ class Engine:
             self.runtime.threads,
             self.config.attn_impl,
             self.backend,
+            self.config.quant if self.backend == "llama.cpp" else None,
         )
+
+    def batch_tokens(self, chunk: int) -> int | None:
+        """The tokens one forward holds at most when prefilling in `chunk`s, where the backend sizes
+        its buffers by it (llama.cpp's n_batch and n_ubatch); None where it does not."""
+        return None
 
     def run(self, workload: Workload, policy: ChunkPolicy) -> TTFTResult:
         """One request, timed: tokenize, ask the policy, prefill in chunks, first decode step."""

@@ -25,7 +25,8 @@ from .isolation import run_in_child
 from .llama_lib import llama_cpp
 
 # llama.cpp's llama_ftype of each (LLAMA_FTYPE_*), the value GGUF files carry in general.file_type
-FTYPES: dict[Quant, int] = {"f32": 0, "f16": 1, "q8_0": 7, "q4_k_m": 15}
+FTYPES: dict[Quant, int] = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15}
+QUANT_OF = {ftype: quant for quant, ftype in FTYPES.items()}
 # family -> llama.cpp architecture; Mistral without its window is Llama to llama.cpp
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 PERMUTED = {"llama"}  # the architectures whose rotary embedding pairs adjacent dimensions

@@ -16,13 +16,13 @@ from typing import Any
 from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
 from chunkpilot.lineup import anchor_for, applied
 
+from .gguf_export import QUANT_OF
 from .hardware import local_hardware
 from .llama_probe import require
 from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
 from .predictor_client import AutoPolicy, InProcessPolicy, auto_at
 
 FAMILIES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF architecture -> the contract's family
-FILE_DTYPES = {0: "float32", 32: "bfloat16"}  # GGUF general.file_type -> the contract's dtype
 
 
 def _threads(llm: Any) -> int:
@@ -37,8 +37,9 @@ def request_features(llm: Any, context_length: int) -> RequestFeatures:
     if arch not in FAMILIES:
         raise ConfigError("model", f"GGUF architecture {arch!r} is not one ChunkPilot models ({', '.join(FAMILIES)})")
     file_type = int(meta.get("general.file_type", 0))
-    if file_type not in FILE_DTYPES:
-        raise ConfigError("dtype", f"GGUF file type {file_type} is not in the contract (f32, bf16)")
+    if file_type not in QUANT_OF:
+        known = ", ".join(f"{quant} ({ftype})" for ftype, quant in QUANT_OF.items())
+        raise ConfigError("quant", f"GGUF file type {file_type} is not one ChunkPilot models: {known}")
     heads = int(meta[f"{arch}.attention.head_count"])
     hidden = int(meta[f"{arch}.embedding_length"])
     shape = ModelShape(
@@ -53,8 +54,18 @@ def request_features(llm: Any, context_length: int) -> RequestFeatures:
         max_position=int(meta.get(f"{arch}.context_length", llm.n_ctx())),
     )
     return RequestFeatures(
-        context_length, shape, dtype=FILE_DTYPES[file_type], threads=_threads(llm), backend="llama.cpp"
+        context_length,
+        shape,
+        threads=_threads(llm),
+        attn_impl="flash" if _flash(llm) else "masked",
+        backend="llama.cpp",
+        quant=QUANT_OF[file_type],
     )
+
+
+def _flash(llm: Any) -> bool:
+    """Flash attention enabled, or auto (llama.cpp enables it where its CPU backend supports it)."""
+    return int(llm.context_params.flash_attn_type) != 0
 
 
 def auto_policy(llm: Any, predictor: str, timeout_s: float = DECISION_TIMEOUT_S) -> AutoPolicy | InProcessPolicy:
@@ -83,8 +94,7 @@ def chunked_eval(llm: Any, tokens: Sequence[int], policy: ChunkPolicy) -> Decisi
     Llama is left as its own `eval` leaves it (its tokens and last logits), ready to sample. Before
     the first eval of a quantisation in this process, a probe (engine.llama_probe) checks in a
     child process that llama.cpp runs it here: a ConfigError naming it, not a dead process."""
-    flash = int(llm.context_params.flash_attn_type) != 0  # enabled, or auto (llama.cpp may enable it)
-    require(int(llm.metadata.get("general.file_type", 0)), flash)
+    require(int(llm.metadata.get("general.file_type", 0)), _flash(llm))
     decision = prefill_chunk_size(llm, len(tokens), policy)
     own = llm.n_batch
     llm.n_batch = decision.chunk_size  # `eval` steps by n_batch; its batch buffer holds the larger `own`

@@ -130,6 +130,11 @@ def _saving(record: dict, reference: str) -> dict | None:
     return next((s for s in record["savings"] if s["reference"] == reference), None)
 
 
+def _prompts_label(record: dict) -> str:
+    """Drawn prompts name their seed; lengths given on the command line are in its command."""
+    return "given prompts" if record["seed"] is None else f"prompts of seed {record['seed']}"
+
+
 def _machine_label(record: dict) -> str:
     return f"{record['device_name']} `{record['hardware_id']}`"
 
@@ -188,7 +193,7 @@ def render_readme(records: Iterable[dict]) -> str:
         if r["kind"] == "race":
             s = _saving(r, r["strongest"])
             lines.append(
-                f"| {_machine_label(r)}, {r['backend']} ({r['model']}), prompts of seed {r['seed']} "
+                f"| {_machine_label(r)}, {r['backend']} ({r['model']}), {_prompts_label(r)} "
                 f"| TTFT saved, net of cold decisions (gross) | {_ci(s['cold'])} ({s['gross'][0]:+.1%}) "
                 f"| the strongest baseline here: {r['strongest']} | `{r['command']}` |"
             )

@@ -31,7 +31,7 @@ class EnginePool:
         self.engines: dict[tuple, Engine] = {}
 
     def get(self, config: ProfileConfig) -> Engine:
-        key = (config.model, config.dtype, config.attn_impl, config.backend)
+        key = (config.model, config.dtype, config.attn_impl, config.backend, config.quant)
         if key not in self.engines:
             while len(self.engines) >= self.keep:
                 self.engines.pop(next(iter(self.engines)))
@@ -43,6 +43,7 @@ class EnginePool:
                     attn_impl=config.attn_impl,
                     device=self.device,
                     backend=config.backend,
+                    quant=config.quant or "f32",
                 )
             )
         runtime.configure(config.threads, self.device)
@@ -121,6 +122,8 @@ def measure_config(
                 # (none where the backend shows no chunks)
                 "chunk_ms": [statistics.median(times) for times in zip(*(r.chunk_ms for r in results), strict=True)]
                 or None,
+                "n_batch": engine.batch_tokens(c),
+                "n_ubatch": engine.batch_tokens(c),
                 "kv_cache_bytes": results[0].kv_cache_bytes,
                 "peak_memory_bytes": max(r.peak_memory_bytes for r in results),
             }

@@ -27,7 +27,7 @@ def describe(config: ProfileConfig) -> str:
     window = "none" if config.window is None else f"{config.window}{config.layout[0]}"
     return (
         f"{Path(config.model).stem} n={config.context_length} w={window} s={config.sinks} "
-        f"{config.dtype} t{config.threads} {config.attn_impl}"
+        f"{config.dtype} t{config.threads} {config.attn_impl}{f' {config.quant}' if config.quant else ''}"
     )
 
 

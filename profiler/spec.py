@@ -22,6 +22,7 @@ from chunkpilot.contract import (
     ConfigError,
     Contract,
     Dtype,
+    Quant,
     check_attn_impl,
     default_attn_impl,
 )
@@ -43,6 +44,7 @@ class ProfileConfig(Contract):
     attn_impl: AttnImpl
     global_tokens: int = 0  # spread evenly over the prompt by the engine
     backend: Backend = "chunkpilot"  # what runs the prefill (engine.backends)
+    quant: Quant | None = None  # llama.cpp's GGUF weights (None: f32)
 
     @property
     def attention(self) -> AttentionConfig:
@@ -58,17 +60,26 @@ class ProfileConfig(Contract):
         """Stable and file-name safe: a readable prefix plus a hash of every field (without the
         fields added later at their defaults, no global tokens and the bundled engine: keys from
         before they existed stay the same, and so does resuming)."""
-        later = {"global_tokens": 0, "backend": "chunkpilot"}
+        later = {"global_tokens": 0, "backend": "chunkpilot", "quant": None}
         fields = self.model_dump(exclude={name for name, default in later.items() if getattr(self, name) == default})
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         name = Path(self.model).stem.replace("_", "-")[:24]
         g = f"g{self.global_tokens}" if self.global_tokens else ""
         b = "" if self.backend == "chunkpilot" else f"{self.backend.replace('.', '')}-"
-        return f"{b}{name}-n{self.context_length}-w{self.window or 0}{self.layout[0]}{self.sinks}{g}-{digest}"
+        q = f"-{self.quant}" if self.quant else ""
+        return f"{b}{name}{q}-n{self.context_length}-w{self.window or 0}{self.layout[0]}{self.sinks}{g}-{digest}"
 
     def candidates(self, sizes: tuple[int | str, ...]) -> tuple[list[int], list[str]]:
         """(feasible chunk sizes, reasons for the others). `full` is the context length itself."""
         return feasible_chunks(sizes, self.context_length, self.window, self.layout)
+
+
+def _runs(attn_impl: AttnImpl, backend: Backend, device: str) -> bool:
+    try:
+        check_attn_impl(attn_impl, backend, device)
+    except ConfigError:
+        return False
+    return True
 
 
 class Contexts(Contract):
@@ -107,16 +118,21 @@ class Sweep(Contract):
         default=None, min_length=1, description="attention kernels (default: each backend's own on the device)"
     )
     backends: list[Backend] = Field(default=["chunkpilot"], min_length=1, description="what runs each prefill")
+    quants: list[Quant] | None = Field(
+        default=None, min_length=1, description="llama.cpp's GGUF weights (default f32); the other backends ignore it"
+    )
 
     def configs(self, device: str = "cpu") -> list[ProfileConfig]:
         lengths = self.contexts.lengths if isinstance(self.contexts, Contexts) else self.contexts
         levels = itertools.product(self.models, lengths, self.attention, self.dtypes, self.threads, self.backends)
         return [
             ProfileConfig(
-                model, n, att.window, att.row_layout, att.sinks, dtype, threads, impl, att.global_tokens, backend
+                model, n, att.window, att.row_layout, att.sinks, dtype, threads, impl, att.global_tokens, backend, quant
             )
             for model, n, att, dtype, threads, backend in levels
             for impl in self.attn_impls or [default_attn_impl(backend, device)]
+            if _runs(impl, backend, device)
+            for quant in (self.quants or [None] if backend == "llama.cpp" else [None])
         ]
 
 
@@ -140,12 +156,15 @@ class Spec(Contract):
 
     @model_validator(mode="after")
     def _kernels_run_where_asked(self) -> Spec:
+        """Each kernel a sweep asks for runs on one of its backends (a sweep over several backends
+        measures each on the kernels it runs: llama.cpp's flash and the engine's split apart)."""
         for i, sweep in enumerate(self.sweeps):
-            for impl, backend in itertools.product(sweep.attn_impls or [], sweep.backends):
-                try:
-                    check_attn_impl(impl, backend, self.device)
-                except ConfigError as exc:
-                    raise ConfigError(f"sweeps.{i}.attn_impls", exc.message) from None
+            for impl in sweep.attn_impls or []:
+                if not any(_runs(impl, backend, self.device) for backend in sweep.backends):
+                    try:
+                        check_attn_impl(impl, sweep.backends[0], self.device)
+                    except ConfigError as exc:
+                        raise ConfigError(f"sweeps.{i}.attn_impls", exc.message) from None
         return self
 
     @classmethod

@@ -27,6 +27,7 @@ CONFIG_COLUMNS = (
     "group",
     "config_key",
     "model",
+    "family",
     "hardware_id",
     "context_length",
     "window",
@@ -36,6 +37,7 @@ CONFIG_COLUMNS = (
     "threads",
     "attn_impl",
     "backend",
+    "quant",
 )
 
 

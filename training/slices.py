@@ -3,7 +3,8 @@ on configs it has not seen: (a) unseen context lengths, (b) unseen model shapes,
 windows, (d) unseen hardware: a machine when the data holds several, else a thread count or a
 dtype, (e) with several machines, a model shape and a machine held out together, (f) with
 telemetry in the data, the engine's own recent prefills (configs measured at two sizes or more),
-and (g) with several backends, a backend (what transfers from one engine's costs to another's)."""
+(g) with several backends, a backend (what transfers from one engine's costs to another's), and
+(h) with several architectures, a family (llama, qwen2, gemma3...: every shape of it at once)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def make_slices(configs: pd.DataFrame, context_folds: int = 3) -> dict[str, list
     slices = {"context": context, "model": _leave_one_out(configs, "model"), "window": window, "hardware": hardware}
     if backends := _leave_one_out(configs, "backend"):
         slices["backend"] = backends
+    if families := _leave_one_out(configs, "family"):  # an architecture: every shape of it held out
+        slices["family"] = families
     if machines:  # train on neither the shape nor the machine; test on that shape on that machine
         slices["model-machine"] = [
             (
