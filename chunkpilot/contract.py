@@ -404,7 +404,7 @@ class ChunkRequest(RequestFeatures):
             threads=row["threads"],
             attn_impl=row["attn_impl"],
             backend=row.get("backend") or "chunkpilot",
-            quant=row.get("quant"),  # none in older llama.cpp rows: f32
+            quant=quant if isinstance(quant := row.get("quant"), str) else None,  # null (NaN) in older rows: f32
             hardware=Hardware(hardware_id=row.get("hardware_id"), **{name: row[name] for name in DESCRIPTORS}),
         )
 

@@ -191,7 +191,7 @@ def test_the_engine_options_are_the_engine_config_s_fields(capsys):
     with pytest.raises(SystemExit):
         main(["prefill", "--help"])
     shown = capsys.readouterr().out
-    assert "(>= 1, <= 1024)" in shown and "{split,masked,eager}" in shown and "default mistral-44m" in shown
+    assert "(>= 1, <= 1024)" in shown and "{split,masked,eager,flash}" in shown and "default mistral-44m" in shown
 
 
 def test_the_serve_options_are_the_service_settings_and_given_ones_win_over_the_environment(monkeypatch, capsys):

@@ -51,6 +51,7 @@ def row(**change) -> dict:
         threads=2,
         attn_impl="masked",
         backend="chunkpilot",
+        quant=None,
         matmul_gflops=258.0,
         bandwidth_gbs=60.0,
         call_overhead_ms=0.9,
@@ -96,11 +97,12 @@ def test_window_only_on_local_layers_of_interleaved_models():
     layout=st.sampled_from(["shift", "ring"]),
     every=st.integers(0, 12),
     dtype=st.sampled_from(["float32", "bfloat16"]),
-    attn=st.sampled_from(["masked", "eager"]),
+    attn=st.sampled_from(["masked", "eager", "flash"]),
     threads=st.integers(1, 64),
     backend=st.sampled_from(BACKENDS),
+    quant=st.sampled_from([None, "f32", "f16", "bf16", "q8_0", "q4_k_m"]),
 )
-def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every, dtype, attn, threads, backend):
+def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every, dtype, attn, threads, backend, quant):
     x = build(
         row(
             context_length=n,
@@ -113,6 +115,7 @@ def test_any_valid_row_gives_finite_features(n, c, window, sinks, layout, every,
             attn_impl=attn,
             threads=threads,
             backend=backend,
+            quant=quant,
         )
     )
     assert np.isfinite(x).all() and set(INPUT_COLUMNS) <= set(row())
