@@ -160,7 +160,10 @@ def test_champion_promoted_under_load_swaps_without_a_failed_or_mixed_answer(tmp
     monkeypatch.chdir(tmp_path)
     two_versions(small_dataset, uri)
     bodies = [body(i) for i in range(16)]
-    with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=0.2))) as url:
+    # a telemetry folder of its own: outcomes other tests in this worker reported would teach both
+    # versions' corrections, and their answers would no longer be each version's own
+    settings = Settings(tracking_uri=uri, poll_interval_s=0.2, telemetry_dir=tmp_path / "telemetry")
+    with serve(create_app(settings)) as url:
         stop = threading.Event()
         load = hammer(url, 8, bodies, stop)
         assert wait_until(lambda: len(load.answers) > 100)  # clients run on v1 first
@@ -223,8 +226,8 @@ def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_datas
         two_versions(small_dataset, store)  # through the server
         bodies = [body(i) for i in range(12)]
         with (
-            serve_process(tracking_uri=store, poll_interval_s=poll_s) as (first, _),
-            serve_process(tracking_uri=store, poll_interval_s=poll_s) as (second, _),
+            serve_process(tracking_uri=store, poll_interval_s=poll_s, telemetry_dir=tmp_path / "t1") as (first, _),
+            serve_process(tracking_uri=store, poll_interval_s=poll_s, telemetry_dir=tmp_path / "t2") as (second, _),
         ):
             replicas = (first, second)
             assert wait_until(lambda: all(is_ready(u) for u in replicas), seconds=60)
