@@ -17,8 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from chunkpilot.dataset import anchor_configs, measured_configs, read_dataset
-from chunkpilot.features import prefill_flops
-from chunkpilot.lineup import BACKEND_DEFAULTS, anchor_key, best_single_size, describe
+from chunkpilot.lineup import anchor_key, backend_default, best_single_size, describe
 from chunkpilot.paths import DATA_ROOT
 
 
@@ -26,12 +25,12 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per config (and machine): its best size and each baseline's regret."""
     best_single = {key: best_single_size(configs) for key, configs in anchor_configs(rows).items()}
     firsts = rows.drop_duplicates(["config_key", "hardware_id"]).set_index(["config_key", "hardware_id"])
-    achieved = rows.assign(share=prefill_flops(rows) / 1e9 / (rows.prefill_ms / 1e3) / rows.matmul_peak_gflops)
+    at_best = rows.loc[rows.groupby(["config_key", "hardware_id"]).ttft_ms.idxmin()].set_index(
+        ["config_key", "hardware_id"]
+    )
     lines = []
     for (config, hardware), measured in measured_configs(rows).items():
-        first = firsts.loc[(config, hardware)]
-        own = achieved[(achieved.config_key == config) & (achieved.hardware_id == hardware)]
-        at_best = own.loc[own.ttft_ms.idxmin()]
+        first, best = firsts.loc[(config, hardware)], at_best.loc[(config, hardware)]
         single = best_single[anchor_key(hardware, first.backend, first.attn_impl)]
         lines.append(
             {
@@ -42,14 +41,14 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
                 "dtype": first["dtype"],
                 "n": int(first.context_length),
                 "window": f"{first.window}{first.layout[0]}" if first.window else "none",
-                "best": int(at_best.chunk_size) if not at_best.is_full else "full",
-                "best_ms": float(at_best.ttft_ms),
+                "best": int(best.chunk_size) if not best.is_full else "full",
+                "best_ms": float(best.ttft_ms),
                 "spread": max(measured.ttft_ms) / min(measured.ttft_ms) - 1,
                 "one_shot": measured.regret("full"),
-                "default": measured.regret(BACKEND_DEFAULTS[first.backend][1]),
+                "default": measured.regret(backend_default(first.backend).spec),
                 "best_single": measured.regret(single),
                 "single": describe(single),
-                "peak_share": float(at_best.share),
+                "peak_share": float(best.prefill_gflops / best.matmul_peak_gflops),  # the row's achieved GFLOP/s
             }
         )
     return pd.DataFrame(lines)

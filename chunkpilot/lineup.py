@@ -34,6 +34,12 @@ class Baseline(NamedTuple):
     spec: Spec
 
 
+def backend_default(backend: str) -> Baseline:
+    """What `backend` does when nobody picks a size, as a baseline."""
+    name, spec = BACKEND_DEFAULTS[backend]
+    return Baseline(f"default ({name})", spec)
+
+
 def applied(spec: Spec, context_length: int, window: int | None, layout: str) -> int:
     """The size `spec` runs for a config: one shot, a rule's size or a fixed size, cut to what the
     config allows (ring: the window; the context)."""
@@ -81,10 +87,10 @@ def lineup(backend: str, best: Spec | None = None) -> list[Baseline]:
     """The baselines of `backend`, in order: one shot, the backend's default, the best single size
     (when known), the hand rule, the simple rule, fixed 1024; two of one spec are one baseline with
     both names."""
-    default_name, default_spec = BACKEND_DEFAULTS[backend]
+    default = backend_default(backend)
     named = [
         ("one shot", "full"),
-        (f"default ({default_name})", default_spec),
+        (default.name, default.spec),
         *([(f"best single size ({describe(best)})", best)] if best is not None else []),
         ("hand rule", "rule"),
         ("simple rule", "simple-rule"),
@@ -129,7 +135,4 @@ def anchor_for(anchors: Mapping[str, Baseline], hardware_id: str | None, backend
     own default: what its users run today, so keeping it does no harm. (Another machine's sizes
     transfer badly: on the Intel Xeon 5e4830eb8869 generate's best single size of the AMD EPYC
     99ce2872fe46, 1024, was 24% slower than generate's own one shot.)"""
-    if (found := anchors.get(anchor_key(hardware_id, backend, attn_impl))) is not None:
-        return found
-    name, spec = BACKEND_DEFAULTS[backend]
-    return Baseline(f"default ({name})", spec)
+    return anchors.get(anchor_key(hardware_id, backend, attn_impl)) or backend_default(backend)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
-from chunkpilot.lineup import anchor_for, applied
+from chunkpilot.lineup import applied, backend_default
 
 from .gguf_export import QUANT_OF
 from .hardware import local_hardware
@@ -83,7 +83,7 @@ def prefill_chunk_size(llm: Any, context_length: int, policy: ChunkPolicy) -> De
     try:
         decision = policy.decide(request_features(llm, context_length))
     except ConfigError as exc:
-        default = anchor_for({}, None, "llama.cpp", "masked")  # the backend's own default
+        default = backend_default("llama.cpp")
         size = applied(default.spec, context_length, None, "shift")  # llama.cpp attends fully
         decision = Decision(size, "fallback", reason=f"{exc.field}: {exc.message}; {default.name} answered")
     return dataclasses.replace(decision, chunk_size=min(decision.chunk_size, largest_chunk(llm)))

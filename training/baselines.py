@@ -18,7 +18,7 @@ import pandas as pd
 from chunkpilot.chunks import clamp_chunk, landed, rule_candidate
 from chunkpilot.cost_models import PerCandidate
 from chunkpilot.features import FEATURES
-from chunkpilot.lineup import BACKEND_DEFAULTS, anchor_for, anchor_key, applied, best_single_size, fit_anchors, pooled
+from chunkpilot.lineup import anchor_for, anchor_key, applied, backend_default, best_single_size, fit_anchors, pooled
 
 from .data import Table
 
@@ -111,12 +111,12 @@ class FixedSpec(Spec):
 
 
 class BackendDefault(Spec):
-    """What each config's backend does when nobody picks a size (chunkpilot.lineup.BACKEND_DEFAULTS)."""
+    """What each config's backend does when nobody picks a size (chunkpilot.lineup.backend_default)."""
 
     name = "backend-default"
 
     def spec(self, group: str) -> str:
-        return BACKEND_DEFAULTS[self.keys[group].split("/")[1]][1]
+        return backend_default(self.keys[group].split("/")[1]).spec
 
 
 class BestSingleSize(Spec):
@@ -133,7 +133,7 @@ class BestSingleSize(Spec):
     def spec(self, group: str) -> str:
         hardware, backend, kernel = self.keys[group].split("/")
         found = self.sizes.get(self.keys[group]) or self.sizes.get(anchor_key(None, backend, kernel))
-        return found or BACKEND_DEFAULTS[backend][1]
+        return found or backend_default(backend).spec
 
 
 class Strongest(Spec):
