@@ -2,9 +2,11 @@
 through the engine's `auto` (telemetry on, bounded exploration): the service's correction learns
 this machine from each prefill at once, and `chunkpilot retrain`'s training runs between rounds.
 After each round the served recipe (the champion with the correction learnt from the telemetry so
-far, as the service loads it) is scored on a fixed probe set of this machine against the hand
-rule, fixed 1024 and a reference model trained with this machine's full shipped profile (the same
-as the champion where the shipped data has no rows of this machine).
+far, as the service loads it) is scored on a fixed probe set of this machine against the lineup of
+baselines (chunkpilot.lineup: one shot, the engine's default, this machine's best single size where
+its shipped profile has rows, the hand rule, the simple rule, fixed 1024), the strongest of them on
+the probe set named, and a reference model trained with this machine's full shipped profile (the
+same as the champion where the shipped data has no rows of this machine).
 
 The probe set is measured once, before the rounds, the evaluator's way: every feasible chunk size
 of every probe prompt, interleaved and rotated over `--probe-rounds` rounds after a warm-up; a
@@ -31,18 +33,20 @@ import httpx
 import numpy as np
 from mlflow import MlflowClient
 
-from chunkpilot.chunks import simple_rule
+from chunkpilot.chunks import landed
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
+from chunkpilot.lineup import lineup
 from chunkpilot.paths import SHIPPED_DIR
 from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.machine import fingerprint
-from engine.policy import ChunkPolicy, FixedPolicy, RulePolicy
+from engine.policy import BaselinePolicy, ChunkPolicy
 from engine.predictor_client import AutoPolicy, make_auto
 from engine.telemetry import Reporter, to_service
 from engine.workload import Workload
+from evaluation.lineup import machine_best
 from evaluation.regret import Choices, Times, regret, regret_gap, timed
 from evaluation.rounds import time_sizes
 from predictor.model import load_predictor, past_outcomes
@@ -141,12 +145,13 @@ def serve_workload(engines: dict[str, Engine], policy: AutoPolicy, count: int, r
 def choices_table(times: Times, policies: dict[str, dict[int, int]]) -> str:
     """Per probe: the best size, and each policy's size with its regret (medians over the probe rounds)."""
     lines = ["\nper probe: the measured best size; each policy's size and its regret against it"]
-    lines.append(f"{'probe':<32}{'best':>6}" + "".join(f"{name:>14}" for name in policies))
+    width = {name: max(14, len(name) + 2) for name in policies}
+    lines.append(f"{'probe':<32}{'best':>6}" + "".join(f"{name:>{width[name]}}" for name in policies))
     for i, (model, workload) in enumerate(PROBES):
         med = {c: float(np.median(v)) for c, v in times[i].items()}
         best = min(med, key=med.get)
         label = f"{Path(model).stem} {workload.label}"
-        cells = "".join(f"{f'{c[i]} {med[c[i]] / med[best] - 1:+.1%}':>14}" for c in policies.values())
+        cells = "".join(f"{f'{c[i]} {med[c[i]] / med[best] - 1:+.1%}':>{width[n]}}" for n, c in policies.items())
         lines.append(f"{label:<32}{best:>6}{cells}")
     return "\n".join(lines)
 
@@ -208,12 +213,16 @@ def main() -> None:
     def by(policy: ChunkPolicy) -> Choices:  # each probe asked as the engine asks it, timed
         def decide(i: int) -> int:
             model, workload = PROBES[i]
-            return policy.decide(engines[model].request(workload.context_length, workload.attention)).chunk_size
+            size = policy.decide(engines[model].request(workload.context_length, workload.attention)).chunk_size
+            return landed(times[i], size)  # the measured size it runs as
 
         return timed(decide, probes)
 
     probes = range(len(PROBES))
-    fixed, rule, simple = by(FixedPolicy(1024, capped=True)), by(RulePolicy()), by(RulePolicy("simple", simple_rule))
+    best = machine_best(SHIPPED_DIR, engines[MODELS[0]])  # None where the shipped data has no rows of it
+    baselines = {b.name: by(BaselinePolicy(b)) for b in lineup(engines[MODELS[0]].backend, best)}
+    scores = {name: regret(times, choices) for name, choices in baselines.items()}
+    strongest = min(scores, key=lambda name: scores[name][0])
     reference = regret(times, model_choices(reference_uri, hardware, threads)[0])
 
     port = free_port()
@@ -263,11 +272,11 @@ def main() -> None:
         service.wait(timeout=20)
 
     print(f"\nprobe set: {len(PROBES)} prompts on this machine, mean regret vs the measured best [95% interval]")
-    print(f"hand rule         {regret(times, rule)[0]:>7.1%}")
-    print(f"simple rule       {regret(times, simple)[0]:>7.1%}  (one shot without a window, else the hand rule)")
-    print(f"fixed 1024        {regret(times, fixed)[0]:>7.1%}")
+    for name, (mean, low, high) in scores.items():
+        mark = "  <- the strongest" if name == strongest else ""
+        print(f"{name:<44}{mean:>7.1%} [{low:.1%}, {high:.1%}]{mark}")
     print(
-        f"reference         {reference[0]:>7.1%} [{reference[1]:.1%}, {reference[2]:.1%}]  (trained with this "
+        f"{'reference':<44}{reference[0]:>7.1%} [{reference[1]:.1%}, {reference[2]:.1%}]  (trained with this "
         "machine's full shipped profile)"
     )
     print(
@@ -284,22 +293,19 @@ def main() -> None:
             )
         print(line)
     last = rows[-1]["choices"]
-    policies = {"rule": rule, "simple": simple, "1024": fixed, "round 0": rows[0]["choices"], "last": last}
+    policies = {**baselines, "round 0": rows[0]["choices"], "last": last}
     print(choices_table(times, {name: sizes for name, (sizes, _) in policies.items()}))
     print(
         f"first decision, median over the probes: the served recipe {np.median(list(last[1].values())):.3f} ms, "
-        f"the hand rule {np.median(list(rule[1].values())):.4f} ms"
+        f"the strongest baseline {np.median(list(baselines[strongest][1].values())):.4f} ms"
     )
-    for name, theirs in (
-        ("the hand rule", rule),
-        ("the simple rule", simple),
-        ("fixed 1024", fixed),
-        ("the served recipe at round 0", rows[0]["choices"]),
-    ):
+    for name, theirs in (*baselines.items(), ("the served recipe at round 0", rows[0]["choices"])):
         gross, net = regret_gap(times, last, theirs), regret_gap(times, last, theirs, net=True)
+        named = f"{name} (the strongest)" if name == strongest else name
         print(
-            f"round {rows[-1]['round']} minus {name}: {gross[0]:+.1%} of mean regret [95% interval {gross[1]:+.1%}, "
-            f"{gross[2]:+.1%}]; net of each one's first decision {net[0]:+.1%} [{net[1]:+.1%}, {net[2]:+.1%}]"
+            f"round {rows[-1]['round']} minus {named}: {gross[0]:+.1%} of mean regret [95% interval "
+            f"{gross[1]:+.1%}, {gross[2]:+.1%}]; net of each one's first decision {net[0]:+.1%} "
+            f"[{net[1]:+.1%}, {net[2]:+.1%}]"
         )
     print(
         f"(round r: the champion after r retrains with its correction learnt from the `learnt` prefills of the "
@@ -322,12 +328,8 @@ def main() -> None:
             label="served recipe (champion + this machine's correction)",
             capsize=3,
         )
-        lines = (
-            ("hand rule", regret(times, rule)[0], "C1"),
-            ("simple rule", regret(times, simple)[0], "C4"),
-            ("fixed 1024", regret(times, fixed)[0], "C2"),
-            ("reference (full local profile)", reference[0], "C3"),
-        )
+        lines = [(name, score[0], f"C{k + 1}") for k, (name, score) in enumerate(scores.items())]
+        lines.append(("reference (full local profile)", reference[0], f"C{len(lines) + 1}"))
         for label, value, color in lines:
             ax.axhline(value, linestyle="--", linewidth=1, label=label, color=color)
         ax.set_xticks(ks)

@@ -97,10 +97,15 @@ def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, fl
 
 
 def slice_metrics(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per slice, and `all`: each metric averaged over the slices (every slice weighs the same)."""
+    """Per slice, and `all`: each metric averaged over the slices (every slice weighs the same).
+    With several backends, the family slice per backend too (`family/llama.cpp`: a held-out
+    architecture on that engine), outside `all` (its configs are the family slice's already)."""
     per = {name: summarize_regret(sub) for name, sub in frame.groupby("slice", sort=False)}
-    per["all"] = {m: float(pd.Series([v[m] for v in per.values()]).mean()) for m in METRICS}
-    return per
+    everything = {m: float(pd.Series([v[m] for v in per.values()]).mean()) for m in METRICS}
+    family = frame[frame.slice == "family"]
+    if family.backend.nunique() > 1:
+        per |= {f"family/{backend}": summarize_regret(sub) for backend, sub in family.groupby("backend")}
+    return per | {"all": everything}
 
 
 def flat(metrics: dict[str, dict[str, float]]) -> dict[str, float]:

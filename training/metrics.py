@@ -26,6 +26,7 @@ def records(test: Table, choice: HeldOutChoices) -> pd.DataFrame:
                 "group": g,
                 "context_length": n,
                 "window": int(r.window.iloc[0]),
+                "backend": r.backend.iloc[0],
                 "chosen": choice.chunks[g],
                 "best_chunk": int(chunks[ttft.argmin()]),
                 "ttft_chosen": at[choice.chunks[g]],

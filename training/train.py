@@ -353,6 +353,7 @@ def format_result(result: TrainResult) -> str:
     served = result.recipe
     policies = [served, *[n for n in result.metrics if n != served]]
     slice_names = list(result.metrics[served])
+    width = max(14, *(len(s) + 2 for s in slice_names))
     lines = [
         f"trained on {result.rows} rows ({result.configs} configs) in {result.seconds:.1f} s; "
         f"registered recipe: {served} (marked *)"
@@ -361,12 +362,12 @@ def format_result(result: TrainResult) -> str:
         lines += [
             "",
             f"{what} on held-out configs (TTFT of the choice / measured best - 1), the same code as serves",
-            f"{'policy':<22}" + "".join(f"{s:>14}" for s in slice_names),
+            f"{'policy':<22}" + "".join(f"{s:>{width}}" for s in slice_names),
         ]
         for name in policies:
             mark = " *" if name == served else ""
             lines.append(
-                f"{name + mark:<22}" + "".join(f"{result.metrics[name][s][metric]:>14.1%}" for s in slice_names)
+                f"{name + mark:<22}" + "".join(f"{result.metrics[name][s][metric]:>{width}.1%}" for s in slice_names)
             )
     deferred = {n: m["all"]["deferred"] for n, m in result.metrics.items() if m["all"]["deferred"] > 0}  # NaN: no
     lines += [
@@ -375,11 +376,11 @@ def format_result(result: TrainResult) -> str:
     lines += [
         "",
         f"{served} per slice (targets: mean regret <= 2.5%, p95 <= 10%, within 5% >= 85%)",
-        f"{'slice':<14}{'mean':>8}{'p95':>8}{'top-1':>8}{'within5%':>10}{'MAPE':>8}{'saved/1024':>12}{'saved/rule':>12}",
+        f"{'slice':<{width}}{'mean':>8}{'p95':>8}{'top-1':>8}{'within5%':>10}{'MAPE':>8}{'saved/1024':>12}{'saved/rule':>12}",
     ]
     for s, m in result.metrics[served].items():
         lines.append(
-            f"{s:<14}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['top1']:>8.0%}{m['within_5pct']:>10.0%}"
+            f"{s:<{width}}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['top1']:>8.0%}{m['within_5pct']:>10.0%}"
             f"{m['mape']:>8.1%}{m['saved_vs_1024']:>12.0%}{m['saved_vs_rule']:>12.0%}"
         )
     simple = [n for n in policies if n in LINEUP]
@@ -392,7 +393,7 @@ def format_result(result: TrainResult) -> str:
             best = min(simple, key=lambda n, s=s: result.metrics[n][s]["mean_regret"])
             ours, theirs = result.metrics[served][s]["mean_regret"], result.metrics[best][s]["mean_regret"]
             verdict = "beats it" if ours < theirs else "does NOT beat it"
-            lines.append(f"{s:<14}{best:<22}{theirs:>8.1%} vs {ours:>6.1%}: {served} {verdict}")
+            lines.append(f"{s:<{width}}{best:<22}{theirs:>8.1%} vs {ours:>6.1%}: {served} {verdict}")
     losses = [
         f"{name} in {s}"
         for name in policies[1:]
