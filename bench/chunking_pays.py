@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from chunkpilot.dataset import anchor_configs, measured_configs, read_dataset
 from chunkpilot.lineup import anchor_key, backend_default, best_single_size, describe
 from chunkpilot.paths import DATA_ROOT
+from store.dataset import anchor_configs, measured_configs, read_dataset
 
 
 def table(rows: pd.DataFrame) -> pd.DataFrame:

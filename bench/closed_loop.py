@@ -33,23 +33,23 @@ import httpx
 import numpy as np
 from mlflow import MlflowClient
 
+from auto.client import AutoPolicy, make_auto
+from auto.telemetry import Reporter, to_service
 from chunkpilot.chunks import landed
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
 from chunkpilot.lineup import lineup
 from chunkpilot.paths import SHIPPED_DIR
-from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import free_port, start_service, wait_ready
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.machine import fingerprint
 from engine.policy import BaselinePolicy, ChunkPolicy
-from engine.predictor_client import AutoPolicy, make_auto
-from engine.telemetry import Reporter, to_service
 from engine.workload import Workload
 from evaluation.lineup import machine_best
 from evaluation.regret import Choices, Times, regret, regret_gap, timed
 from evaluation.rounds import time_sizes
 from predictor.model import load_predictor, past_outcomes
+from store.registry import CHAMPION, MODEL_NAME
 from training.train import format_result, train
 
 SHAPE_FILE = "data/shapes/wide-shallow.yaml"

@@ -20,10 +20,10 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.contract import MAX_CONTEXT
-from chunkpilot.dataset import read_dataset
 from chunkpilot.features import prefill_flops
 from chunkpilot.paths import DATA_ROOT
 from profiler.summary import summarize_configs
+from store.dataset import read_dataset
 
 GROUP = ["spec_name", "hardware_id", "backend", "attn_impl", "dtype", "threads"]
 

@@ -1,7 +1,7 @@
 """Stock transformers `generate` with ChunkPilot's decision: for a few prompt lengths, the time to the
 first token of `model.generate(max_new_tokens=1)` with no chunking, `prefill_chunk_size=1024`, the
 hand rule's size, the simple rule's (one shot without a window, else the hand rule) and `auto`'s
-(the champion in-process, engine/hf.py). Each distinct size is timed once per round, interleaved and
+(the champion in-process, auto/hf.py). Each distinct size is timed once per round, interleaved and
 rotated after a warm-up, and every policy gets the time of the size it chose; medians over rounds,
 the ratio to no chunking with a bootstrap 95% interval, gross and net (each policy charged its own
 first decision, timed here, on every round), and whether every size gave the same first token.
@@ -19,12 +19,12 @@ import time
 import numpy as np
 import torch
 
+from auto.hf import auto_policy, prefill_chunk_size, request_features
 from chunkpilot.chunks import simple_rule
-from chunkpilot.tracking import tracking_uri
-from engine.hf import auto_policy, prefill_chunk_size, request_features
 from engine.measure import interleaved, median_ratio
 from engine.models import load_model
 from engine.policy import ChunkPolicy, FixedPolicy, RulePolicy
+from store.tracking import tracking_uri
 
 LENGTHS = (2000, 4000, 8000)
 NAMES = ("fixed 1024", "rule", "simple rule", "auto")

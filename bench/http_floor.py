@@ -70,9 +70,9 @@ async def call(app, payload: bytes) -> int:
 
 
 async def handling(n: int) -> None:
-    from chunkpilot.tracking import tracking_uri
     from predictor.app import create_app
     from predictor.settings import Settings
+    from store.tracking import tracking_uri
 
     app = create_app(Settings(tracking_uri=tracking_uri(), poll_interval_s=0, explore_budget=0))
     async with app.router.lifespan_context(app):

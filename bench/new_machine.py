@@ -15,7 +15,7 @@ import copy
 from pathlib import Path
 
 from chunkpilot.paths import SHIPPED_DIR
-from chunkpilot.recipe import RECIPES
+from estimator.recipe import RECIPES
 from training.baselines import RankLevel, lineup_baselines
 from training.data import load_table
 from training.metrics import records, summarize_regret

@@ -16,10 +16,10 @@ import statistics
 import numpy as np
 from preamble import model_and_rounds
 
+from auto.client import make_auto
 from chunkpilot.contract import AttentionConfig
 from cli.processes import free_port, start_service, wait_ready
 from engine.engine import Engine
-from engine.predictor_client import make_auto
 from engine.stream import stream
 from engine.workload import Workload
 

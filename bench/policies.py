@@ -26,18 +26,18 @@ import sys
 import time
 from pathlib import Path
 
+from auto.client import ask, make_auto
 from chunkpilot.contract import BACKENDS, QUANTS, AttentionConfig, ConfigError, number
-from chunkpilot.dataset import read_dataset
 from chunkpilot.paths import DATA_ROOT
-from chunkpilot.tracking import tracking_uri
 from engine.backends import open_engine, own_attention
 from engine.config import EngineConfig
-from engine.predictor_client import ask, make_auto
 from engine.workload import Workload
 from evaluation.comparison import evaluate, format_evaluation
 from evaluation.lineup import baseline_policies, charge_table_builds, machine_best
 from evaluation.prompts import Kind, Seen, draw_prompts
 from evaluation.records import append_record, race_record
+from store.dataset import read_dataset
+from store.tracking import tracking_uri
 
 MODELS = {
     "chunkpilot": "llama-tiny,qwen2-gqa",

@@ -55,9 +55,9 @@ def timed(answer: Callable, requests: list) -> tuple[list[float], list]:
 
 def in_process(n: int) -> None:
     from chunkpilot.contract import ChunkRequest
-    from chunkpilot.registry import CHAMPION, MODEL_NAME
-    from chunkpilot.tracking import tracking_uri
     from predictor.model import load_predictor
+    from store.registry import CHAMPION, MODEL_NAME
+    from store.tracking import tracking_uri
 
     predictor = load_predictor(tracking_uri(), MODEL_NAME, CHAMPION)
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.paths import SHIPPED_DIR, SPECS_DIR
-from chunkpilot.recipe import DEFAULT
+from estimator.recipe import DEFAULT
 from profiler.plan import space_filling_order
 from profiler.spec import Spec
 from training.baselines import BestSingleSize, FixedSpec

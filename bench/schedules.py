@@ -18,15 +18,15 @@ import functools
 import numpy as np
 from preamble import model_and_rounds
 
+from auto.client import make_auto
 from chunkpilot.chunks import uniform
 from chunkpilot.contract import AttentionConfig
-from chunkpilot.tracking import tracking_uri
 from engine.engine import Engine
 from engine.measure import interleaved, median_ratio
 from engine.policy import ChunkPolicy, SchedulePolicy
-from engine.predictor_client import make_auto
 from engine.workload import Workload
 from evaluation.rounds import time_sizes
+from store.tracking import tracking_uri
 
 # (tokens, window, layout): with and without windows
 PROMPTS = [(4000, None, "shift"), (8000, None, "shift"), (6000, 1024, "shift"), (8000, 2048, "ring")]

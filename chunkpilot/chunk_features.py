@@ -1,6 +1,6 @@
 """The per-chunk cost model's features: (config row, query tokens q, history h) -> one row per
 chunk. Its serving contract, like features.py for whole plans: the per-chunk cost model
-(chunkpilot/cost_models.py) fits and predicts on it, in training and in the service alike."""
+(estimator/cost_models.py) fits and predicts on it, in training and in the service alike."""
 
 from __future__ import annotations
 

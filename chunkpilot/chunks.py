@@ -19,13 +19,24 @@ MAX_CONTEXT = 1 << 20  # the longest prompt, window or chunk any part accepts
 DEFAULT_CHUNKS: tuple[int | str, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, "full")
 
 
+# The write-up's hand rule, the one place of its thresholds: up to each length, its size; a longer
+# prompt takes ALIGNED when it is a multiple of ALIGNED, else UNALIGNED
+HAND_RULE: tuple[tuple[int, int], ...] = ((512, 512), (1536, 1024))
+ALIGNED, UNALIGNED = 1024, 768
+LONG = HAND_RULE[-1][0]  # beyond it, the alignment decides
+
+
 def hand_rule(context_length: int) -> int:
     """The write-up's rule: one of the baselines `auto` is judged against (chunkpilot.lineup)."""
-    if context_length <= 512:
-        return 512
-    if context_length <= 1536:
-        return 1024
-    return 1024 if context_length % 1024 == 0 else 768
+    for longest, size in HAND_RULE:
+        if context_length <= longest:
+            return size
+    return ALIGNED if context_length % ALIGNED == 0 else UNALIGNED
+
+
+def describe_hand_rule() -> str:
+    steps = "; ".join(f"{size} up to {longest} tokens" for longest, size in HAND_RULE)
+    return f"{steps}; beyond that {ALIGNED} on multiples of {ALIGNED}, else {UNALIGNED}"
 
 
 def max_chunk(context_length: int, window: int | None, layout: str) -> int:
@@ -111,8 +122,9 @@ def feasible_chunks(
 # shipped data, at 64 on none (tests/test_table.py)
 CELLS = 64
 EXACT_BELOW = 128  # shorter prompts are their own cells: a grid finer than one token gains nothing
-# where the hand rule changes its size (hand_rule above): lengths on either side are kept apart
-RULE_EDGES = (512, 768, 1024, 1536)
+# where the hand rule changes its size or lands on another candidate (HAND_RULE above): lengths
+# on either side are kept apart
+RULE_EDGES = tuple(sorted({*(n for n, _ in HAND_RULE), *(c for _, c in HAND_RULE), ALIGNED, UNALIGNED}))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -121,15 +133,15 @@ def _edges(sizes: tuple[int, ...], window: int | None) -> tuple[int, ...]:
 
 
 def _own_cell(n: int) -> bool:
-    return n < EXACT_BELOW or (n > 1536 and n % 1024 == 0)
+    return n < EXACT_BELOW or (n > LONG and n % ALIGNED == 0)
 
 
 def length_cell(context_length: int, sizes: tuple[int, ...], window: int | None) -> tuple[int, int]:
     """(first, last) length of the cell `context_length` falls in: the lengths that round to the
     same point of a grid of CELLS per octave and lie strictly between the same two edges, where the
     candidates, the ring's limit or the hand rule change (a candidate's own size, the window,
-    512/768/1024/1536), so that every length of a cell has the same feasible candidates (`full`
-    aside) and the same rule candidate. An edge, a multiple of 1024 above 1536 (the hand rule's own
+    RULE_EDGES), so that every length of a cell has the same feasible candidates (`full` aside) and
+    the same rule candidate. An edge, a multiple of ALIGNED above LONG (the hand rule's own
     case) and any length under EXACT_BELOW is a cell of its own. `sizes`: the numeric candidates, sorted."""
     n = context_length
     if _own_cell(n):
@@ -140,8 +152,8 @@ def length_cell(context_length: int, sizes: tuple[int, ...], window: int | None)
         return n, n
     lo = edges[i - 1] if i else 0
     hi = edges[i] if i < len(edges) else MAX_CONTEXT + 1
-    if n > 1536:  # the multiples of 1024 on either side are edges too
-        lo, hi = max(lo, n // 1024 * 1024), min(hi, (n // 1024 + 1) * 1024)
+    if n > LONG:  # the multiples of ALIGNED on either side are edges too
+        lo, hi = max(lo, n // ALIGNED * ALIGNED), min(hi, (n // ALIGNED + 1) * ALIGNED)
     j = round(CELLS * math.log2(n))
     first = min(max(math.ceil(2 ** ((j - 0.5) / CELLS)), lo + 1), n)
     last = max(min(math.ceil(2 ** ((j + 0.5) / CELLS)) - 1, hi - 1), n)

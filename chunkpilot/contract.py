@@ -40,6 +40,7 @@ NO_WINDOW = "none"  # the dataset's and the spec's layout without a window (the 
 MAX_CANDIDATES = 64
 MAX_GLOBAL_TOKENS = 1024  # the global-token store's cap: a ring's KV memory stays within 2*window + sinks + this
 MAX_MS = 3.6e6  # an hour: the longest time any part accepts
+MAX_MEMORY_MB = 1 << 24  # 16 TiB: the largest memory budget any part accepts
 # a machine's id names a folder of the dataset: one path component, never `..`, `/` or an absolute path
 IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
@@ -206,6 +207,13 @@ class ModelShape(Contract):
         return cls(**data)
 
 
+def window_column(value: float | None) -> int | None:
+    """The dataset's window column (0, NaN-free, for no window) as a window: the one place that
+    reads its spelling of "no window"; hot loops over a table's groups call it without building a
+    config."""
+    return int(value) or None if value is not None else None
+
+
 class AttentionConfig(Contract):
     """How the prompt attends: full causal, or a sliding window kept in a KV layout, plus sinks and
     global tokens (selective SWA: chosen tokens every later query sees besides the window)."""
@@ -248,7 +256,7 @@ class AttentionConfig(Contract):
     def from_columns(cls, window: int | None, layout: str, sinks: int = 0, global_tokens: int = 0) -> AttentionConfig:
         """The dataset's and the spec's columns (no window: window 0 or None, layout `none`) as a config:
         the one place that reads their spelling of "no window"."""
-        return cls(window or None, "shift" if layout == NO_WINDOW else layout, sinks, global_tokens)
+        return cls(window_column(window), "shift" if layout == NO_WINDOW else layout, sinks, global_tokens)
 
     @property
     def row_layout(self) -> str:
@@ -293,6 +301,17 @@ class Hardware(Contract):
 DESCRIPTORS = tuple(name for name in Hardware.model_fields if name != "hardware_id")
 
 
+def descriptor_key(dtype: str, threads: int) -> str:
+    """The key of a machine's descriptors measured for (dtype, threads): its cache and its model's
+    hardware table both file them so."""
+    return f"{dtype}/{threads}"
+
+
+def descriptor_of(key: str) -> tuple[str, int]:
+    dtype, threads = key.split("/")
+    return dtype, int(threads)
+
+
 class RequestFeatures(Contract):
     """What a chunk-size policy may look at before a prefill."""
 
@@ -314,6 +333,13 @@ class RequestFeatures(Contract):
     quant: Quant | None = Field(
         default=None,
         description="llama.cpp's GGUF weights: " + ", ".join(QUANTS) + " (f32 if not given); none elsewhere",
+    )
+    memory_budget_mb: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_MEMORY_MB,
+        description="the most memory the prefill may add above the loaded model, MB (2**20 bytes): the fastest "
+        "predicted size whose predicted peak, with the model's safety margin, fits is chosen; none fits: refused",
     )
 
     @model_validator(mode="before")
@@ -461,6 +487,11 @@ SHAPE_COLUMNS = (
 class Candidate(BaseModel):
     chunk_size: int = Field(description="a chunk size, tokens (the prompt's length: one shot)")
     predicted_ttft_ms: float = Field(description="the TTFT the model predicts with it, ms")
+    predicted_peak_mb: float | None = Field(
+        default=None,
+        description="the memory the model predicts the prefill adds at its peak above the loaded model, MB "
+        "(null: the model has no memory side)",
+    )
 
 
 class Anchor(Candidate):
@@ -500,6 +531,15 @@ class ChunkResponse(BaseModel):
         default=None,
         description="the lengths [first, last] of this kind of request the answer holds for (a chunk_size "
         "equal to the length: each one's whole prompt); null: for this length only",
+    )
+    candidates: list[Candidate] = Field(
+        default_factory=list,
+        description="every feasible candidate, smallest first, with its predicted TTFT and peak memory",
+    )
+    memory_margin: float | None = Field(
+        default=None,
+        description="the safety margin a predicted peak is raised by before it is held against memory_budget_mb "
+        "(the 99th percentile of held-out configs' rise above their prediction); null: no memory side",
     )
 
 

@@ -7,7 +7,7 @@ A baseline is a chunk-size spec in `--chunk-size`'s words ("full", "rule", "simp
 number), applied cut to what a config allows, so the engine runs it, training scores it on measured
 rows and the service answers it alike. The strongest of them on a machine's own rows (the lowest
 mean regret) is the anchor: what the recipe's do-no-harm keeps when the cost model is unsure and
-what `auto` falls back to (chunkpilot.recipe). Light: no numpy, no pandas."""
+what `auto` falls back to (estimator.recipe). Light: no numpy, no pandas."""
 
 from __future__ import annotations
 

@@ -74,10 +74,10 @@ def _step(n: int, text: str, start: float) -> None:
 def run(args: argparse.Namespace) -> int:
     import httpx
 
-    from chunkpilot.dataset import read_dataset
     from evaluation.comparison import format_evaluation
     from profiler.run import log_run, open_run, run_profile
     from profiler.spec import Spec
+    from store.dataset import read_dataset
     from training.train import train_and_report
 
     minutes = number("profile_minutes", args.profile_minutes, float, gt=0, le=60)
@@ -158,10 +158,10 @@ def learn_with_service(model: str, url: str, workloads: list[Workload], passes: 
 
     import httpx
 
+    from auto.client import make_auto
+    from auto.telemetry import Reporter, to_service
     from engine.config import EngineConfig
     from engine.engine import Engine
-    from engine.predictor_client import make_auto
-    from engine.telemetry import Reporter, to_service
 
     engine = Engine(EngineConfig(model=model))
     reporter = Reporter(to_service(url), capacity=4096)
@@ -184,7 +184,7 @@ def learn_with_service(model: str, url: str, workloads: list[Workload], passes: 
 def seen(model: str, spec, data: Path) -> Seen:
     """What `model` was profiled or taught on: the demo's grid, the learning workload and every row
     of it under `data` (the shipped data and earlier demos)."""
-    from chunkpilot.dataset import read_dataset
+    from store.dataset import read_dataset
 
     rows = read_dataset(data)
     mine = rows[rows.model == model]
@@ -211,9 +211,9 @@ def compare_with_service(
     plus the decision tables those answers set building on these cores."""
     import httpx
 
+    from auto.client import ask, make_auto
     from engine.config import EngineConfig
     from engine.engine import Engine
-    from engine.predictor_client import ask, make_auto
     from evaluation.comparison import evaluate
     from evaluation.lineup import baseline_policies, charge_table_builds, machine_best
 

@@ -22,6 +22,7 @@ ENGINE_FLAGS = {
     "compile": "--compile",
     "backend": "--backend",
     "quant": "--quant",
+    "memory_budget_mb": "--memory-budget-mb",
 }
 ATTENTION_FLAGS = {"layout": "--kv-layout", "sinks": "--sinks"}  # --window: the model's own by default
 
@@ -72,7 +73,7 @@ def add_predictor_args(parser: argparse.ArgumentParser) -> None:
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """What `train` and `retrain` share: the LightGBM size and what the recipe is judged beside."""
-    # the defaults: chunkpilot.cost_models.LGBM (not imported here: LightGBM stays out of --help)
+    # the defaults: estimator.cost_models.LGBM (not imported here: LightGBM stays out of --help)
     parser.add_argument("--n-estimators", help="LightGBM trees of each member")
     parser.add_argument("--num-leaves", help="LightGBM leaves per tree")
     parser.add_argument("--learning-rate", help="LightGBM learning rate")
@@ -107,9 +108,9 @@ def compare(args: argparse.Namespace) -> str:
 
 def auto_from_args(args: argparse.Namespace, engine):
     """The `auto` policy for this engine: over HTTP, or in-process with --in-process."""
-    from chunkpilot.tracking import tracking_uri
-    from engine.predictor_client import make_auto
-    from engine.telemetry import Reporter, to_partition, to_service
+    from auto.client import make_auto
+    from auto.telemetry import Reporter, to_partition, to_service
+    from store.tracking import tracking_uri
 
     timeout_ms = number("predictor_timeout_ms", args.predictor_timeout_ms, int, ge=1, le=60_000)
     if args.in_process:

@@ -21,7 +21,7 @@ def free_port() -> int:
 
 def start_service(port: int, **settings: object) -> subprocess.Popen:
     """`chunkpilot serve` in a new process; `settings` become its CHUNKPILOT_* environment."""
-    from chunkpilot.tracking import tracking_uri
+    from store.tracking import tracking_uri
 
     settings = {"tracking_uri": tracking_uri(), "poll_interval_s": 0, **settings}
     env = {**os.environ, **{f"CHUNKPILOT_{k.upper()}": str(v) for k, v in settings.items()}}

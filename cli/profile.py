@@ -13,8 +13,8 @@ from chunkpilot.contract import number
 from chunkpilot.paths import DATA_ROOT
 
 if TYPE_CHECKING:
-    from chunkpilot.fleet import Publisher
     from profiler.spec import Spec
+    from store.fleet import Publisher
 
 T = TypeVar("T")
 HELP = "measure TTFT for every chunk size over a spec's configs (resumable)"
@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
         print(format_repro(result))
         return 0
 
-    from chunkpilot.dataset import read_dataset
     from profiler.run import log_run, run_profile
     from profiler.summary import format_summary, summarize_configs
+    from store.dataset import read_dataset
 
     publisher = None if args.no_mlflow else _tracked(lambda: _open(spec, args.out), "opening a profiling run")
     report = run_profile(spec, args.out, budget, publisher)
@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _open(spec: Spec, out: Path) -> Publisher:
     """The profiling run, once the tracking server answers (MLflow's own retries take minutes)."""
-    from chunkpilot.tracking import tracking_uri
     from cli.processes import answers
     from profiler.run import open_run
+    from store.tracking import tracking_uri
 
     uri = tracking_uri()
     if uri.startswith(("http://", "https://")) and not answers(f"{uri.rstrip('/')}/health"):
@@ -93,7 +93,7 @@ def _open(spec: Spec, out: Path) -> Publisher:
 def _tracked(call: Callable[[], T], what: str) -> T | None:
     """The tracking server's part of a profile: if it fails, say so in one line and go on, since the
     files on disk are the record (the spec's next run publishes what no run has listed)."""
-    from chunkpilot.tracking import tracking_uri
+    from store.tracking import tracking_uri
 
     try:
         return call()

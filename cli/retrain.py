@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     from mlflow import MlflowClient
 
-    from chunkpilot import registry
-    from chunkpilot.tracking import quiet_mlflow, tracking_uri
+    from store import registry
+    from store.tracking import quiet_mlflow, tracking_uri
     from training.train import train_and_report
 
     while True:

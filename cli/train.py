@@ -23,7 +23,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--experiment", default="chunk-size", help="MLflow experiment")
     parser.add_argument("--search-minutes", help="budget of a random hyperparameter search (default: no search)")
-    parser.add_argument("--recipe", help="the recipe to register (chunkpilot.recipe.RECIPES; default: DEFAULT)")
+    parser.add_argument("--recipe", help="the recipe to register (estimator.recipe.RECIPES; default: DEFAULT)")
     parser.add_argument(
         "--older-engines",
         action="store_true",
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         0.0 if args.search_minutes is None else number("search_minutes", args.search_minutes, float, gt=0, le=24 * 60)
     )
 
-    from chunkpilot.recipe import DEFAULT, RECIPES
+    from estimator.recipe import DEFAULT, RECIPES
 
     recipe = args.recipe or DEFAULT
     if recipe not in RECIPES:

@@ -30,9 +30,11 @@ from .config import EngineConfig
 from .engine import Engine, Prefilled, Prepared
 from .gguf_export import FTYPES, Weights, supported, write_gguf
 from .hardware import user_cache_dir
-from .llama_lib import build, llama_cpp
+from .llama_lib import buffers_reported, build, llama_cpp
 from .llama_probe import require
+from .policy import ChunkPolicy
 from .prefill import clock_ms
+from .workload import Workload
 
 
 def own_attention(model_config: Any) -> AttentionConfig:
@@ -90,9 +92,11 @@ def weights_of(model: Any) -> Weights:
     """A transformers model's tensors (float32, numpy) and the hyperparameters GGUF asks for."""
     config = model.config
     rope = getattr(config, "rope_parameters", None) or {}
+    local = rope.get("sliding_attention", {}).get("rope_theta")  # Gemma 3: a base per layer type
+    rope = rope.get("full_attention", rope)
     theta = rope.get("rope_theta") or getattr(config, "rope_theta", 10000.0)
     tensors = {name: t.detach().float().cpu().numpy() for name, t in model.state_dict().items()}
-    return Weights(tensors, float(theta), float(config.rms_norm_eps))
+    return Weights(tensors, float(theta), float(config.rms_norm_eps), None if local is None else float(local))
 
 
 class LlamaCppEngine(Engine):
@@ -114,14 +118,19 @@ class LlamaCppEngine(Engine):
         if not self.gguf.exists():
             write_gguf(weights_of(self.model), self.shape, self.gguf, config.quant)
         self._contexts: dict[tuple[int, int], Any] = {}
+        self._buffers: dict[tuple[int, int], int] = {}  # each context's reported buffers, bytes
+        self._used = (0, 0)  # the context the last prefill ran in
 
     @property
     def backend_version(self) -> str:
         return self._version
 
     def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
-        if attention != AttentionConfig():
-            raise ConfigError("attention", f"the llama.cpp backend attends fully here; got {attention.label}")
+        if attention != (own := own_attention(self.model.config)):
+            raise ConfigError(
+                "attention",
+                f"the llama.cpp backend runs the model's own attention ({own.label}); got {attention.label}",
+            )
         return super().request(context_length, attention)
 
     def context(self, n_ctx: int, n_ubatch: int):
@@ -132,17 +141,27 @@ class LlamaCppEngine(Engine):
             while len(self._contexts) >= 2:
                 self._contexts.pop(next(iter(self._contexts))).close()
             threads = self.runtime.threads
-            self._contexts[key] = llama_cpp().Llama(
-                str(self.gguf),
-                n_ctx=n_ctx,
-                n_batch=n_ubatch,
-                n_ubatch=n_ubatch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                flash_attn=self.config.attn_impl == "flash",
-                verbose=False,
-            )
+            with buffers_reported() as sizes:
+                self._contexts[key] = llama_cpp().Llama(
+                    str(self.gguf),
+                    n_ctx=n_ctx,
+                    n_batch=n_ubatch,
+                    n_ubatch=n_ubatch,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    flash_attn=self.config.attn_impl == "flash",
+                    swa_full=False,  # llama-server's default: local layers keep window + n_ubatch cells
+                    verbose=False,
+                )
+            self._buffers[key] = sum(sizes)
+        self._used = key
         return self._contexts[key]
+
+    def prefill_memory(self, workload: Workload, policy: ChunkPolicy) -> int:
+        """llama.cpp's own account of what a prefill needs beside the weights: the KV, compute and
+        output buffers it reports for the context (n_ctx, n_ubatch) the prefill runs in."""
+        self.run(workload, policy)
+        return self._buffers[self._used]
 
     def batch_tokens(self, chunk: int) -> int:
         return _padded(chunk)

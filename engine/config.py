@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from chunkpilot.contract import (
+    MAX_MEMORY_MB,
     AttnImpl,
     Backend,
     ConfigError,
@@ -38,6 +39,14 @@ class EngineConfig(Contract):
     )
     quant: Quant = Field(
         default="f32", description="llama.cpp: the GGUF's weights, f32 or quantised by llama.cpp's own quantizer"
+    )
+    memory_budget_mb: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_MEMORY_MB,
+        description="auto: the most memory a prefill may add above the loaded model, MB; the fastest size predicted "
+        "to fit is chosen, and a prompt none fits is refused (`chunkpilot hardware --available-memory` says what "
+        "this machine has free)",
     )
 
     @model_validator(mode="before")

@@ -18,6 +18,7 @@ from .config import EngineConfig
 from .hardware import local_hardware
 from .kv_cache import ChunkCache
 from .measure import interleaved
+from .memory import peak_above
 from .models import load_model
 from .policy import ChunkPolicy, Decision
 from .prefill import clock_ms, decode_one_token, prefill
@@ -153,6 +154,7 @@ class Engine:
             self.config.attn_impl,
             self.backend,
             self.config.quant if self.backend == "llama.cpp" else None,
+            self.config.memory_budget_mb,
         )
 
     def batch_tokens(self, chunk: int) -> int | None:
@@ -231,6 +233,11 @@ class Engine:
         decode_one_token(self.model, cache, first, n, self.config.attn_impl)
         t4 = clock_ms(self.device)
         return Prefilled(int(first), logits[0].float(), chunk_ms, t3 - t2, t4 - t3, cache.nbytes)
+
+    def prefill_memory(self, workload: Workload, policy: ChunkPolicy) -> int:
+        """Bytes one prefill of `workload` (to the first token) adds at its peak above the loaded
+        model, measured by an untimed run (engine.memory)."""
+        return peak_above(lambda: self.run(workload, policy), self.device)
 
     def measure(self, workload: Workload, policy: ChunkPolicy, repeats: int = 3, warmup: int = 1) -> Measurement:
         number("repeats", repeats, int, ge=1, le=1000)

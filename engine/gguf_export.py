@@ -6,7 +6,8 @@ multiple of 256).
 
 What llama.cpp must be told that transformers keeps implicit: the architecture's hyperparameters,
 Llama's rotary layout (llama.cpp rotates adjacent pairs where transformers rotates halves, so Q and
-K rows are permuted, as llama.cpp's own convert_hf_to_gguf.py does) and a vocabulary. The
+K rows are permuted, as llama.cpp's own convert_hf_to_gguf.py does), Gemma 3's window, its pattern
+of local and global layers and the local layers' rotary base, its norms' 1 + w, and a vocabulary. The
 vocabulary is a placeholder of the model's size: ChunkPilot hands llama.cpp token ids, never text.
 
 Light: numpy and gguf only (no torch), so that a probe's child process writes a tiny model fast."""
@@ -28,8 +29,9 @@ from .llama_lib import llama_cpp
 FTYPES: dict[Quant, int] = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15}
 QUANT_OF = {ftype: quant for quant, ftype in FTYPES.items()}
 # family -> llama.cpp architecture; Mistral without its window is Llama to llama.cpp
-ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gemma3": "gemma3"}
 PERMUTED = {"llama"}  # the architectures whose rotary embedding pairs adjacent dimensions
+INTERLEAVED = {"gemma3"}  # the architectures whose local layers slide a window in llama.cpp too
 _SPECIAL = ("<unk>", "<s>", "</s>")
 
 
@@ -41,13 +43,14 @@ class Weights:
     tensors: Mapping[str, np.ndarray]
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    rope_theta_local: float | None = None  # the sliding-window layers' own base (Gemma 3: 10,000)
 
 
 def supported(shape: ModelShape) -> str | None:
     """Why llama.cpp cannot run this shape as the transformers model does, or None."""
     if shape.family not in ARCHS:
         return f"family {shape.family} has no GGUF export here (only {', '.join(ARCHS)})"
-    if shape.window is not None:
+    if shape.window is not None and shape.family not in INTERLEAVED:
         return f"a sliding window ({shape.window}): llama.cpp's {ARCHS[shape.family]} architecture attends fully"
     return None
 
@@ -74,13 +77,24 @@ def random_weights(shape: ModelShape, seed: int = 0) -> Weights:
             f"{p}.mlp.up_proj.weight": matrix(shape.intermediate_size, d),
             f"{p}.mlp.down_proj.weight": matrix(d, shape.intermediate_size),
         }
+        if shape.family == "gemma3":  # norms around both blocks and on q and k (stored as w, applied as 1 + w)
+            tensors |= {
+                f"{p}.pre_feedforward_layernorm.weight": np.zeros(d, np.float32),
+                f"{p}.post_feedforward_layernorm.weight": np.zeros(d, np.float32),
+                f"{p}.self_attn.q_norm.weight": np.zeros(shape.head_dim, np.float32),
+                f"{p}.self_attn.k_norm.weight": np.zeros(shape.head_dim, np.float32),
+            }
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                tensors[f"{p}.{name}.weight"] = np.zeros(d, np.float32)
         if shape.family == "qwen2":  # its q/k/v projections carry biases
             tensors |= {
                 f"{p}.self_attn.{n}_proj.bias": np.zeros(w, np.float32) for n, w in (("q", q), ("k", kv), ("v", kv))
             }
+    if shape.family == "gemma3":
+        tensors["model.norm.weight"] = np.zeros(d, np.float32)
     if not shape.tie_embeddings:
         tensors["lm_head.weight"] = matrix(shape.vocab_size, d)
-    return Weights(tensors)
+    return Weights(tensors, rope_theta_local=10000.0 if shape.family in INTERLEAVED else None)
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -119,6 +133,10 @@ def _write_f32(weights: Weights, shape: ModelShape, path: Path) -> None:
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(float(weights.rope_theta))
     writer.add_layer_norm_rms_eps(float(weights.rms_norm_eps))
+    if shape.family in INTERLEAVED and shape.window is not None:
+        writer.add_sliding_window(shape.window)
+        writer.add_sliding_window_pattern([bool(local) for local in shape.local_layers])
+        writer.add_rope_freq_base_swa(float(weights.rope_theta_local or weights.rope_theta))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     tokens, types = _vocabulary(shape.vocab_size)
     writer.add_tokenizer_model("llama")
@@ -133,6 +151,8 @@ def _write_f32(weights: Weights, shape: ModelShape, path: Path) -> None:
             continue  # llama.cpp reuses the embedding when the file has no output matrix
         if arch in PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = _permute(w, shape.num_heads if "q_proj" in name else shape.num_kv_heads)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            w = w + 1.0  # Gemma's RMSNorm scales by 1 + w; llama.cpp's by w (as convert_hf_to_gguf.py writes it)
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ConfigError("model", f"no GGUF name for tensor {name} of a {shape.family} model")

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from chunkpilot.cache import user_cache_dir
-from chunkpilot.contract import Hardware
+from chunkpilot.contract import Hardware, descriptor_key
 
 from .machine import fingerprint
 from .models import DTYPES
@@ -91,7 +91,7 @@ def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", 
     fp = fingerprint(device)
     path = cache_dir / f"{fp['hardware_id']}.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}
-    key = f"{dtype}/{threads}"
+    key = descriptor_key(dtype, threads)
     if key not in cached:
         if announce:
             print(

@@ -7,8 +7,12 @@ set: that is how the choice is made, and since the variable is inherited, a prob
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.util import find_spec
 from pathlib import Path
 from types import ModuleType
@@ -69,3 +73,26 @@ def llama_cpp() -> ModuleType:
 def build() -> str:
     """What the rows record of the loaded llama.cpp: the package's version and its library folder."""
     return f"{llama_cpp().__version__} {Path(library()).name}"
+
+
+# the buffers a llama.cpp context allocates beside the model's weights, as it logs them
+_BUFFER = re.compile(r"(KV|compute|output) buffer size =\s*([0-9.]+) MiB")
+
+
+@contextmanager
+def buffers_reported() -> Iterator[list[int]]:
+    """llama.cpp's log heard for the duration (its own printer restored after): the list yielded
+    fills with the bytes of each KV, compute and output buffer a context created inside reports."""
+    lib, heard = llama_cpp(), []
+    sizes: list[int] = []
+
+    @lib.llama_log_callback
+    def hear(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        heard.append(text.decode(errors="replace"))
+
+    lib.llama_log_set(hear, ctypes.c_void_p(0))
+    try:
+        yield sizes
+    finally:
+        lib.llama_log_set(lib._logger.llama_log_callback, ctypes.c_void_p(0))
+        sizes += [round(float(m.group(2)) * 2**20) for m in _BUFFER.finditer("".join(heard))]

@@ -42,6 +42,25 @@ def _memory_bytes() -> int:
         return 0
 
 
+def available_memory_bytes() -> int:
+    """What a prefill may take now: the kernel's MemAvailable, less where this process's cgroup
+    (a container's limit) leaves less; 0 when the OS does not say."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return max(0, min(found, default=0))
+
+
 def fingerprint(device: str = "cpu") -> dict:
     """What the machine is; `hardware_id` hashes only what does not change between runs."""
     if device.startswith("cuda"):

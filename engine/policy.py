@@ -1,5 +1,5 @@
 """Chunk-size policies: asked once before each prefill (`decide`), told how it went (`observe`),
-closed when done (`close`). The `auto` policy (the predictor's client, engine/predictor_client.py)
+closed when done (`close`). The `auto` policy (the predictor's client, auto/client.py)
 is one more `ChunkPolicy`."""
 
 from __future__ import annotations

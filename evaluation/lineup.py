@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from chunkpilot.dataset import DataError, anchor_configs, measured_by_today, read_dataset
 from chunkpilot.lineup import Spec, anchor_key, best_single_size, lineup
 from engine.engine import Engine
 from engine.policy import BaselinePolicy, ChunkPolicy
+from store.dataset import DataError, anchor_configs, measured_by_today, read_dataset
 
 from .comparison import PromptResult
 

@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
-from chunkpilot.pick import Infeasible
 from chunkpilot.version import installed_version
+from estimator.pick import Infeasible
 
 from . import routes
 from .service import ServiceMetrics, ServiceState

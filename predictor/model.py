@@ -1,6 +1,6 @@
-"""The served recipe: the champion's cost model and chooser (chunkpilot.recipe, loaded by the same
+"""The served recipe: the champion's cost model and chooser (estimator.recipe, loaded by the same
 function as training's cross-validation), the hardware it was trained on, and the answer for one
-request around its decision (chunkpilot.pick: the MLflow model's too): the top candidates,
+request around its decision (estimator.pick: the MLflow model's too): the top candidates,
 exploring's gains, a schedule, the decision table and the budget.
 This machine's correction learns from each accepted outcome (chunkpilot.correction) without a
 retrain. No torch, no transformers, no pandas in the hot path.
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkpilot import plausibility, registry
+from chunkpilot import plausibility
 from chunkpilot.chunks import max_chunk
 from chunkpilot.contract import Anchor, Candidate, ChunkRequest, ChunkResponse, ConfigError, Outcome
 from chunkpilot.correction import Correction
-from chunkpilot.cost_models import PerChunk
 from chunkpilot.features import base_log_ms
 from chunkpilot.lineup import Baseline
-from chunkpilot.pick import (
+from estimator.cost_models import PerChunk
+from estimator.pick import (
     Infeasible,
     Picked,
     anchor_size,
@@ -34,7 +34,8 @@ from chunkpilot.pick import (
     resolve_hardware,
     rule_size,
 )
-from chunkpilot.recipe import Recipe, load_recipe
+from estimator.recipe import Recipe, load_recipe
+from store import registry
 
 from .answer import Answer, Gain
 from .schedule import best_schedule
@@ -84,13 +85,14 @@ class Predictor:
         found = self.tabled_answer(request)
         if found is not None:
             return found
-        if request.schedule or self.affordable(request):
+        if request.schedule or request.memory_budget_mb is not None or self.affordable(request):
             return self.exact_answer(request)
         return self.anchor_answer(request)
 
     def tabled_answer(self, request: ChunkRequest) -> Answer | None:
-        """The table's answer if its segment is built: a lookup, microseconds (None: the kind is queued)."""
-        return None if request.schedule else self.table.lookup(request)
+        """The table's answer if its segment is built: a lookup, microseconds (None: the kind is
+        queued, or the request asks what a table does not hold: a schedule, a memory budget)."""
+        return None if request.schedule or request.memory_budget_mb is not None else self.table.lookup(request)
 
     def estimate_ms(self, request: ChunkRequest, chunk: int) -> float:
         """The analytic TTFT of one size (features.base_log_ms): what the budget weighs a decision against."""
@@ -155,9 +157,13 @@ class Predictor:
         unvalidated: every value is the model's own, and a table holds thousands of them)."""
         chunks, choice, ms = picked.chunks, picked.choice, picked.ms
         best = choice.index
-        order = sorted(range(len(chunks)), key=ms.__getitem__)  # a dozen floats: no numpy call
+        allowed = picked.fits or [True] * len(chunks)
+        # a dozen floats: no numpy call; with a memory budget, only the sizes within it
+        order = sorted((i for i in range(len(chunks)) if allowed[i]), key=ms.__getitem__)
+        peaks = picked.peak_mb or [None] * len(chunks)
         candidate = [
-            Candidate.model_construct(chunk_size=c, predicted_ttft_ms=m) for c, m in zip(chunks, ms, strict=True)
+            Candidate.model_construct(chunk_size=c, predicted_ttft_ms=m, predicted_peak_mb=p)
+            for c, m, p in zip(chunks, ms, peaks, strict=True)
         ]
         gaps = (choice.log_ms - choice.log_ms[best]).tolist()
         gains = tuple(
@@ -180,6 +186,7 @@ class Predictor:
         anchor = Anchor.model_construct(
             chunk_size=anchored.chunk_size,
             predicted_ttft_ms=anchored.predicted_ttft_ms,
+            predicted_peak_mb=anchored.predicted_peak_mb,
             name=picked.anchor.name,
             spec=picked.anchor.spec,
         )
@@ -195,6 +202,8 @@ class Predictor:
             deferred=choice.deferred,
             explored=False,
             span=None,
+            candidates=candidate,
+            memory_margin=picked.margin,
         )
         return Answer(response, gains)
 
@@ -271,7 +280,7 @@ def past_outcomes(telemetry: Path) -> Past:
     """The outcomes kept in the telemetry partition. A file that does not read as the schema, or a row
     the contract or the plausibility check refuses, is skipped and named: one bad file (a disk
     error, a stray write) never stops a start-up."""
-    from chunkpilot.dataset import TMP_PREFIX, DataError, outcome_of, read_file  # pandas: at load only
+    from store.dataset import TMP_PREFIX, DataError, outcome_of, read_file  # pandas: at load only
 
     past = Past()
     for path in sorted(Path(telemetry).rglob("*.parquet")):

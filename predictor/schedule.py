@@ -40,7 +40,7 @@ def best_schedule(
     chunk_ms: ChunkMs, config: np.ndarray, n: int, sizes: list[int], limit: int
 ) -> tuple[list[int], float] | None:
     """(chunk sizes in order summing to `n`, their predicted prefill ms), or None when no size
-    makes a small enough search. `chunk_ms` prices chunks (chunkpilot.recipe.Recipe.chunk_ms);
+    makes a small enough search. `chunk_ms` prices chunks (estimator.recipe.Recipe.chunk_ms);
     `config` [FEATURES] is the request's feature row; `sizes` the candidate sizes, best first."""
     found = search_steps(sizes, n, limit)
     if found is None:

@@ -49,7 +49,7 @@ class ModelInfo(BaseModel):
     version: str = Field(description="its registered version")
     run_id: str = Field(description="the MLflow run that logged it")
     trained_on_rows: int = Field(description="measured rows it was fitted on")
-    recipe: str = Field(description="the recipe: cost model and chooser (chunkpilot.recipe.RECIPES)")
+    recipe: str = Field(description="the recipe: cost model and chooser (estimator.recipe.RECIPES)")
     cost: str = Field(description="the cost model's kind")
     lgbm: dict[str, Any] = Field(description="LightGBM parameters over the cost model's defaults")
     members: int = Field(description="ensemble members whose spread is the uncertainty")

@@ -16,13 +16,14 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
-from chunkpilot import plausibility, registry
+from chunkpilot import plausibility
 from chunkpilot.chunks import DEFAULT_CHUNKS
 from chunkpilot.contract import AttentionConfig, ChunkRequest, ChunkResponse, ConfigError, Hardware, ModelShape, Outcome
 from chunkpilot.correction import neighbourhood
-from chunkpilot.dataset import Partition
-from chunkpilot.fleet import SPEC_TAG, TELEMETRY_EXPERIMENT, Publisher
-from chunkpilot.registry import CHALLENGER
+from store import registry
+from store.dataset import Partition
+from store.fleet import SPEC_TAG, TELEMETRY_EXPERIMENT, Publisher
+from store.registry import CHALLENGER
 
 from .answer import Answer
 from .explore import Explorer

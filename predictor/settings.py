@@ -8,8 +8,8 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chunkpilot.paths import TELEMETRY_DIR
-from chunkpilot.registry import CHAMPION, MODEL_NAME
-from chunkpilot.tracking import tracking_uri
+from store.registry import CHAMPION, MODEL_NAME
+from store.tracking import tracking_uri
 
 # a decision on the request path may cost at most this share of the TTFT it decides (by the analytic
 # estimate of the anchor's size): a small share of the points the recipe's held-out regret lies below

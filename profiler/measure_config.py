@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from chunkpilot.chunks import chunk_count, last_chunk
-from chunkpilot.dataset import HARNESS_VERSION
 from chunkpilot.features import prefill_flops
 from engine import runtime
 from engine.backends import open_engine
@@ -19,6 +18,7 @@ from engine.engine import Engine
 from engine.hardware import matmul_peak
 from engine.measure import interleaved, spread
 from engine.policy import FixedPolicy
+from store.dataset import HARNESS_VERSION
 
 from .spec import ProfileConfig, Spec
 
@@ -76,6 +76,7 @@ def measure_config(
         more = interleaved(steps, spec.repeats, warmup=0, start=spec.warmup + remeasured * spec.repeats)
         runs = {c: runs[c] + more[c] for c in chunks}
     finished = datetime.now(UTC)
+    memory = {c: engine.prefill_memory(workload, FixedPolicy(c)) for c in chunks}  # untimed, after the clock
 
     request_row = engine.request(n, attention).row(hardware)
     flops = float(prefill_flops(request_row)[0])
@@ -126,6 +127,7 @@ def measure_config(
                 "n_ubatch": engine.batch_tokens(c),
                 "kv_cache_bytes": results[0].kv_cache_bytes,
                 "peak_memory_bytes": max(r.peak_memory_bytes for r in results),
+                "prefill_memory_bytes": memory[c],
             }
         )
     return pd.DataFrame(rows)

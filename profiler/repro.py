@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkpilot.contract import ConfigError
-from chunkpilot.dataset import read_dataset
+from store.dataset import read_dataset
 
 from .spec import Spec
 from .worker import Worker

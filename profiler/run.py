@@ -1,5 +1,5 @@
 """A profiling run: plan the configs still to do, measure them in a worker, write each as soon as
-it is finished (and publish it to the tracking server: chunkpilot/fleet.py), show progress, then
+it is finished (and publish it to the tracking server: store/fleet.py), show progress, then
 summarise and log the run to MLflow."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pandas as pd
 
 from chunkpilot.clock import clock
 from chunkpilot.contract import ConfigError
-from chunkpilot.dataset import LISTS, finished_keys, write_config
-from chunkpilot.fleet import HARDWARE_TAG, PROFILING_EXPERIMENT, SPEC_TAG, Publisher
+from store.dataset import LISTS, finished_keys, write_config
+from store.fleet import HARDWARE_TAG, PROFILING_EXPERIMENT, SPEC_TAG, Publisher
 
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
 from .spec import ProfileConfig, Spec
@@ -53,7 +53,7 @@ def machine_dir(out: Path, spec: Spec) -> Path:
 def open_run(spec: Spec, out: Path) -> Publisher:
     """The spec's `profiling` run on this machine, opened before measuring so that each finished
     config is published as soon as it is written."""
-    from chunkpilot.tracking import quiet_mlflow, tracking_uri
+    from store.tracking import quiet_mlflow, tracking_uri
 
     hardware_id = machine_dir(out, spec).name
     with quiet_mlflow():
@@ -145,7 +145,7 @@ def log_run(
     """Close the run: the spec, what was measured, the dataset as its input."""
     import mlflow
 
-    from chunkpilot.tracking import log_input, quiet_mlflow, tracking_uri
+    from store.tracking import log_input, quiet_mlflow, tracking_uri
 
     measured = dataset[dataset.config_key.isin(report.measured)]
     mlflow.set_tracking_uri(tracking_uri())

@@ -26,16 +26,16 @@ from conftest import QUICK_ARGS, ROOT, sqlite_store
 from servers import serve, serve_process, wait_until
 from test_telemetry import HARDWARE, outcome
 
+from auto.telemetry import Reporter, to_service
 from chunkpilot.contract import ChunkRequest, ConfigError, Hardware
 from chunkpilot.correction import CLIP, PRIOR, Correction
-from chunkpilot.dataset import Partition, read_dataset, read_file, write_config
 from chunkpilot.features import FEATURES
 from chunkpilot.paths import UnsafePath, inside
 from chunkpilot.plausibility import implausible
-from chunkpilot.registry import CHALLENGER, CHAMPION, MODEL_NAME
-from engine.telemetry import Reporter, to_service
 from predictor.app import create_app
 from predictor.settings import Settings
+from store.dataset import Partition, read_dataset, read_file, write_config
+from store.registry import CHALLENGER, CHAMPION, MODEL_NAME
 from training import promotion
 
 
@@ -333,7 +333,7 @@ def test_gather_writes_only_under_the_folder_it_is_given(tmp_path, monkeypatch):
     """A run tag names the spec, and so a folder: one that is a path is refused, never followed."""
     from mlflow import MlflowClient
 
-    from chunkpilot.fleet import PROFILING_EXPERIMENT, SPEC_TAG, Publisher, gather
+    from store.fleet import PROFILING_EXPERIMENT, SPEC_TAG, Publisher, gather
 
     uri = sqlite_store(tmp_path / "mlflow.db")
     shipped = next((ROOT / "data" / "ttft" / "cpu-shipped").rglob("*.parquet"))

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 import yaml
 
+from auto.client import make_auto
 from chunkpilot.contract import AttentionConfig, ConfigError
-from chunkpilot.dataset import read_dataset
 from cli import main
 from engine.backends import open_engine
 from engine.config import EngineConfig
 from engine.gguf_export import FTYPES
 from engine.llama_lib import llama_cpp  # the llama extra, which `make` installs: its absence fails, never skips
 from engine.policy import FixedPolicy, RulePolicy
-from engine.predictor_client import make_auto
 from engine.workload import Workload
 from profiler.spec import ProfileConfig, Spec
+from store.dataset import read_dataset
 
 
 def tiny_spec(backend: str) -> dict:
@@ -110,11 +110,11 @@ def test_backends_refuse_what_they_cannot_run_naming_the_field():
 
 @pytest.mark.native
 def test_the_llama_cpp_helper_evaluates_in_the_chosen_size_and_falls_back_with_a_reason(tmp_path):
+    from auto.llama_helper import chunked_eval, request_features
     from cli.processes import free_port
     from engine.backends import weights_of
     from engine.gguf_export import write_gguf
     from engine.hardware import local_hardware
-    from engine.llama_helper import chunked_eval, request_features
 
     engine = open_engine(EngineConfig(model="llama-tiny", threads=1))
     path = write_gguf(weights_of(engine.model), engine.shape, tmp_path / "tiny.gguf")
@@ -143,4 +143,4 @@ def test_a_config_the_backend_refuses_is_recorded_as_failed_and_the_profile_goes
     report = run_profile(Spec.from_dict(spec), tmp_path / "ttft")
     assert len(report.failed) == 1 and len(report.measured) == 1
     said = capsys.readouterr().err
-    assert "w=64s" in said and "FAILED" in said and "attends fully" in said
+    assert "w=64s" in said and "FAILED" in said and "the model's own attention (no window)" in said

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ConfigError, ModelShape
-from chunkpilot.dataset import read_file
 from chunkpilot.features import INPUT_COLUMNS, build
-from chunkpilot.pick import resolve_hardware
+from estimator.pick import resolve_hardware
+from store.dataset import read_file
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "ttft" / "cpu-shipped"
 

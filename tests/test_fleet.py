@@ -19,10 +19,10 @@ from conftest import QUICK_ARGS
 from servers import mlflow_server, postgres, wait_until
 from test_profiler import TINY, write_spec
 
-from chunkpilot.dataset import DataError, read_dataset
-from chunkpilot.fleet import PARTITION, PROFILING_EXPERIMENT, gather, listed
-from chunkpilot.registry import CHAMPION, MODEL_NAME
 from profiler.spec import Spec
+from store.dataset import DataError, read_dataset
+from store.fleet import PARTITION, PROFILING_EXPERIMENT, gather, listed
+from store.registry import CHAMPION, MODEL_NAME
 
 SPEC = {**TINY, "name": "fleet", "repeats": 1}  # 4 configs a machine
 
@@ -63,7 +63,7 @@ def runs_of(url: str, spec: str) -> list:
 def test_two_machines_profile_at_once_and_one_training_sees_both(server, tmp_path):
     from mlflow import MlflowClient
 
-    from chunkpilot.registry import fetch
+    from store.registry import fetch
 
     machines = {"one-core": {0}, "whole": None}  # two fingerprints: cores 1 and 2
     for name in machines:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModelForCausalLM
 
+from auto.hf import auto_policy, chunked_generate, prefill_chunk_size
 from chunkpilot.contract import RequestFeatures
 from cli.processes import free_port
-from engine.hf import auto_policy, chunked_generate, prefill_chunk_size
 from engine.models import load_model
 from engine.policy import Decision, RulePolicy
 

@@ -19,13 +19,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from servers import free_port, isolated_python, serve, wait_until
 
+from auto.client import Answers, AutoPolicy, Breaker, InProcessPolicy, Remembered
 from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
-from chunkpilot.registry import MODEL_NAME
 from cli.processes import answers
-from engine.predictor_client import Answers, AutoPolicy, Breaker, InProcessPolicy, Remembered
 from engine.workload import Workload
 from predictor.app import create_app
 from predictor.settings import Settings
+from store.registry import MODEL_NAME
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 
@@ -297,7 +297,7 @@ def test_the_served_decision_follows_the_trained_recipe(trained_store):
     import dataclasses
 
     from chunkpilot.contract import ChunkRequest
-    from chunkpilot.recipe import DEFAULT, Chooser
+    from estimator.recipe import DEFAULT, Chooser
     from predictor.model import load_predictor
 
     served = load_predictor(trained_store, "chunk-size-predictor", "champion")

@@ -17,7 +17,12 @@ import pytest
 from conftest import sqlite_store
 
 from chunkpilot.contract import ConfigError
-from chunkpilot.dataset import (
+from chunkpilot.features import prefill_flops
+from cli import main
+from profiler.plan import space_filling_order
+from profiler.spec import ProfileConfig, Spec
+from profiler.summary import summarize_configs
+from store.dataset import (
     COLUMNS,
     HARNESS_VERSION,
     OPTIONAL,
@@ -28,11 +33,6 @@ from chunkpilot.dataset import (
     validate,
     write_config,
 )
-from chunkpilot.features import prefill_flops
-from cli import main
-from profiler.plan import space_filling_order
-from profiler.spec import ProfileConfig, Spec
-from profiler.summary import summarize_configs
 
 TINY = {
     "name": "tiny",

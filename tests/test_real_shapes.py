@@ -1,15 +1,17 @@
 """The shapes of models people run (data/shapes/, from their published configs) are what their
 model cards say, and the smallest runs in all three backends from the same seeded weights: the
-bundled engine, stock generate and llama.cpp agree on its first token; llama.cpp's flash attention
+bundled engine, stock generate and llama.cpp agree on its first token (Gemma 3's interleaved
+sliding window too); llama.cpp's flash attention
 gives the tokens of its default attention, and its rows say their quantisation and kernel."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ConfigError, ModelShape, RequestFeatures
 from chunkpilot.features import FEATURES, build
 from engine.backends import open_engine
 from engine.config import EngineConfig
@@ -95,3 +97,20 @@ def test_smollm2_135m_runs_in_the_three_backends_to_the_same_first_token():
     flash = open_engine(EngineConfig(model=model, threads=2, backend="llama.cpp", attn_impl="flash", quant="q8_0"))
     assert flash.request(96, workload.attention).row({})["quant"] == "q8_0"
     assert flash.run(workload, FixedPolicy(32)).first_token == flash.run(workload, FixedPolicy(96)).first_token
+
+
+@pytest.mark.native
+def test_gemma_3_s_local_and_global_layers_run_in_llama_cpp_as_in_transformers():
+    """Gemma 3 written to GGUF (its window, its pattern of five local layers to one global, the
+    local layers' rotary base, its norms' 1 + w): on a prompt longer than the window the three
+    backends agree on the first token, and llama.cpp's logits track the bundled engine's."""
+    workload = Workload(700, AttentionConfig(512))  # past the window: the local layers slide
+    results = {
+        backend: open_engine(EngineConfig(model="gemma3-interleaved", threads=2, backend=backend)).run(
+            workload, FixedPolicy(256)
+        )
+        for backend in ("chunkpilot", "transformers", "llama.cpp")
+    }
+    assert len({result.first_token for result in results.values()}) == 1
+    ours, theirs = (results[b].first_logits.float().numpy() for b in ("chunkpilot", "llama.cpp"))
+    assert np.corrcoef(ours, theirs)[0, 1] > 0.999

@@ -23,15 +23,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
 
+from auto.client import AutoPolicy, Breaker
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, Hardware
-from chunkpilot.pick import Infeasible
-from chunkpilot.registry import MODEL_NAME
-from engine.predictor_client import AutoPolicy, Breaker
 from engine.workload import Workload
+from estimator.pick import Infeasible
 from predictor.app import create_app
 from predictor.model import load_predictor
 from predictor.settings import Settings
+from store.registry import MODEL_NAME
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 

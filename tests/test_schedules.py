@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 from servers import serve
 
+from auto.client import AutoPolicy, InProcessPolicy
 from chunkpilot.chunks import max_chunk, uniform
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
 from chunkpilot.features import build
-from chunkpilot.pick import resolve_hardware
-from chunkpilot.registry import CHAMPION, MODEL_NAME
 from engine.policy import FixedPolicy
-from engine.predictor_client import AutoPolicy, InProcessPolicy
 from engine.workload import Workload
+from estimator.pick import resolve_hardware
 from predictor.app import create_app
 from predictor.model import load_predictor
 from predictor.schedule import search_steps
 from predictor.settings import Settings
+from store.registry import CHAMPION, MODEL_NAME
 
 HARDWARE = Hardware(matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9, cores=2)
 ATTENTION = [{"window": None}, {"window": 512}, {"window": 256, "layout": "ring"}]

@@ -12,7 +12,7 @@ import pytest
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, length_cell, rule_candidate, segments
 from chunkpilot.contract import ChunkRequest
-from chunkpilot.recipe import make_recipe
+from estimator.recipe import make_recipe
 from training.data import load_table
 from training.served import choose_groups
 
@@ -143,8 +143,8 @@ def test_warming_up_builds_the_tables_before_the_first_timed_prefill(trained_sto
     prefill is timed, so that no build shares the cores with one, and the answers it got are forgotten."""
     from servers import serve
 
+    from auto.client import AutoPolicy, make_auto
     from chunkpilot.contract import AttentionConfig, Hardware, RequestFeatures
-    from engine.predictor_client import AutoPolicy, make_auto
     from predictor.app import create_app
     from predictor.settings import Settings
 

@@ -14,15 +14,15 @@ import pytest
 from conftest import sqlite_store
 from servers import free_port, serve
 
+from auto.client import AutoPolicy
+from auto.telemetry import Reporter, to_service
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome, RequestFeatures
 from chunkpilot.correction import CLIP
-from chunkpilot.dataset import Partition, read_dataset
-from engine.predictor_client import AutoPolicy
-from engine.telemetry import Reporter, to_service
 from engine.workload import Workload
 from predictor.app import create_app
 from predictor.settings import Settings
+from store.dataset import Partition, read_dataset
 from training.data import load_table, merge_telemetry
 
 N = 2048  # the prompt length the explorer's answers are for
@@ -315,10 +315,10 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     from conftest import QUICK_ARGS, train_into_store
     from mlflow import MlflowClient
 
-    from chunkpilot.registry import LAST_RETRAIN, MODEL_NAME
+    from auto.telemetry import outcome as as_outcome
     from cli import main
     from engine.policy import FixedPolicy
-    from engine.telemetry import outcome as as_outcome
+    from store.registry import LAST_RETRAIN, MODEL_NAME
 
     uri = train_into_store(small_dataset, tmp_path)  # v1, trained without telemetry
     root = tmp_path / "data"
@@ -382,7 +382,7 @@ def test_a_waiting_challenger_is_promoted_only_when_strictly_better_on_enough_un
     above): a real store holding a champion and a challenger that learnt from telemetry."""
     from mlflow import MlflowClient
 
-    from chunkpilot import registry
+    from store import registry
     from training import promotion
 
     client = MlflowClient(tracking_uri=sqlite_store(tmp_path / "mlflow.db"))

@@ -12,9 +12,9 @@ import pytest
 import servers
 from conftest import QUICK_ARGS, QUICK_TREES, sqlite_store
 
-from chunkpilot.recipe import DEFAULT, RECIPES
-from chunkpilot.registry import MODEL_NAME
 from cli import main
+from estimator.recipe import DEFAULT, RECIPES
+from store.registry import MODEL_NAME
 from training.baselines import baselines
 from training.data import load_table
 from training.promotion import judge
@@ -97,7 +97,7 @@ def _has_alias(client, alias: str) -> bool:
 
 
 def test_per_chunk_rows_follow_each_candidate_s_chunks(small_dataset):
-    from chunkpilot.cost_models import PerChunk, expand
+    from estimator.cost_models import PerChunk, expand
 
     table = load_table(small_dataset)
     owner, q, h = expand(table.x)
@@ -116,8 +116,8 @@ def test_per_chunk_rows_follow_each_candidate_s_chunks(small_dataset):
 def test_a_backend_without_chunk_times_is_priced_whole_by_the_per_candidate_model(small_dataset, tmp_path):
     from dataclasses import replace
 
-    from chunkpilot.cost_models import Measured, PerChunk
     from chunkpilot.features import BACKEND_CODES, FEATURES
+    from estimator.cost_models import Measured, PerChunk
 
     data = load_table(small_dataset).measured
     generate = np.arange(len(data.x)) % 2 == 1  # half the rows as stock generate measured them: TTFT only
@@ -283,7 +283,7 @@ def test_training_keeps_only_rows_that_today_s_code_of_their_kernel_measured():
     leaves it out (unless told --older-engines): every kernel a backend runs names the first harness
     version of its current code, and the shipped rows the table keeps are all of that code's."""
     from chunkpilot.contract import ATTN_IMPLS, BACKENDS, ConfigError, check_attn_impl
-    from chunkpilot.dataset import KERNEL_SINCE, measured_by_today, read_dataset
+    from store.dataset import KERNEL_SINCE, measured_by_today, read_dataset
 
     runs = set()
     for backend in BACKENDS:

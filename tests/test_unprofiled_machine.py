@@ -15,8 +15,8 @@ import pytest
 from conftest import quick, sqlite_store, train_into_store
 from servers import free_port, serve, wait_until
 
+from auto.client import AutoPolicy
 from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
-from engine.predictor_client import AutoPolicy
 from predictor.app import create_app
 from predictor.settings import Settings
 
@@ -25,7 +25,7 @@ from predictor.settings import Settings
 def foreign_store(small_dataset, tmp_path_factory):
     """A champion trained on the small dataset relabelled as another machine's, so that this
     machine's hardware_id is one the model never saw."""
-    from chunkpilot.dataset import read_dataset, write_config
+    from store.dataset import read_dataset, write_config
 
     root = tmp_path_factory.mktemp("foreign")
     rows = read_dataset(small_dataset).assign(hardware_id="another-machine")
@@ -117,7 +117,7 @@ def test_the_service_counts_refusals_by_reason(foreign_store):
 def test_a_promoted_model_replaces_cached_answers_within_poll_plus_ttl(tmp_path, small_dataset, monkeypatch):
     from mlflow import MlflowClient
 
-    from chunkpilot.registry import MODEL_NAME
+    from store.registry import MODEL_NAME
     from training.train import train
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri := sqlite_store(tmp_path / "mlflow.db"))

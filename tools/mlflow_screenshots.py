@@ -21,8 +21,8 @@ from urllib.parse import quote
 
 from mlflow import MlflowClient
 
-from chunkpilot.registry import CHAMPION, MODEL_NAME
 from cli.processes import answers, free_port, start_mlflow_server
+from store.registry import CHAMPION, MODEL_NAME
 
 # the runs a reader compares: the served recipe, its plain argmin, the old default and the fixed policies
 COMPARED = ["per-chunk", "per-chunk-argmin", "lgbm-rank-level", "hand-rule", "fixed-1024", "best-single-size"]

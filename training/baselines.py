@@ -15,10 +15,11 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.chunks import clamp_chunk, landed, rule_candidate
-from chunkpilot.cost_models import PerCandidate
+from chunkpilot.chunks import clamp_chunk, describe_hand_rule, landed, rule_candidate
+from chunkpilot.contract import window_column
 from chunkpilot.features import FEATURES
 from chunkpilot.lineup import anchor_for, anchor_key, applied, backend_default, best_single_size, fit_anchors, pooled
+from estimator.cost_models import PerCandidate
 
 from .data import Table
 
@@ -38,13 +39,15 @@ CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEP
 def limited(rows: pd.DataFrame, chunk: int) -> int:
     """A fixed choice cut to what the config allows (ring: <= window; <= context), as the engine does."""
     first = rows.iloc[0]
-    return clamp_chunk(chunk, int(first.context_length), int(first.window) or None, first.layout)
+    return clamp_chunk(chunk, int(first.context_length), window_column(first.window), first.layout)
 
 
 def rule_chunk(rows: pd.DataFrame) -> int:
     """The hand rule's size among a config's measured candidates."""
     first = rows.iloc[0]
-    return rule_candidate(rows.chunk_size.tolist(), int(first.context_length), int(first.window) or None, first.layout)
+    return rule_candidate(
+        rows.chunk_size.tolist(), int(first.context_length), window_column(first.window), first.layout
+    )
 
 
 def quiet_lgb(**params) -> dict:
@@ -55,7 +58,7 @@ def quiet_lgb(**params) -> dict:
 @dataclass
 class HeldOutChoices:
     """A policy's choice for every held-out config of a fold (a recipe's own, one request at a time:
-    chunkpilot.recipe.Choice)."""
+    estimator.recipe.Choice)."""
 
     chunks: dict[str, int]  # group -> chosen chunk size
     predicted_ms: np.ndarray | None = None  # per test row, for regressors
@@ -157,12 +160,7 @@ def lineup_baselines() -> list[Spec]:
         FixedSpec("one-shot", "full", "The whole prompt in one chunk (a ring's window where the prompt is longer)"),
         BackendDefault(),
         BestSingleSize(),
-        FixedSpec(
-            "hand-rule",
-            "rule",
-            "The hand rule engines' users write: 512 up to 512 tokens; 1024 up to 1536; beyond that 1024 on "
-            "multiples of 1024, else 768",
-        ),
+        FixedSpec("hand-rule", "rule", f"The hand rule engines' users write: {describe_hand_rule()}"),
         FixedSpec("simple-rule", "simple-rule", "One shot without a window, else the hand rule"),
         FixedSpec("fixed-1024", "1024", "1024 tokens a chunk for every request (cut to what the config allows)"),
         Strongest(),
@@ -293,6 +291,6 @@ LINEUP = {b.name for b in lineup_baselines()}  # the simple baselines: the stron
 
 def baselines(every: bool = True) -> list:
     """Every baseline, or (every=False) the lineup a user compares against, seconds to
-    cross-validate (chunkpilot.lineup). (The analytic fit is a recipe: chunkpilot.recipe.RECIPES.)"""
+    cross-validate (chunkpilot.lineup). (The analytic fit is a recipe: estimator.recipe.RECIPES.)"""
     quick = lineup_baselines()
     return quick + [NearestConfig(), ChunkClassifier(), ChunkRanker(), RankLevel()] if every else quick

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkpilot import registry
-from chunkpilot.recipe import load_recipe
+from estimator.recipe import load_recipe
+from store import registry
 
 from .baselines import Baseline, HeldOutPolicy
 from .data import Table, every_candidate, telemetry_since

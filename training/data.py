@@ -3,6 +3,7 @@ by the serving contract (predictor/features.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +12,11 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
-from chunkpilot.cost_models import Measured
-from chunkpilot.dataset import (
+from chunkpilot.contract import descriptor_key, window_column
+from chunkpilot.features import INPUT_COLUMNS, build
+from chunkpilot.lineup import MeasuredConfig, anchor_key
+from estimator.cost_models import Measured
+from store.dataset import (
     DataError,
     anchor_configs,
     measured_by_today,
@@ -20,8 +24,6 @@ from chunkpilot.dataset import (
     read_dataset,
     trusted_telemetry,
 )
-from chunkpilot.features import INPUT_COLUMNS, build
-from chunkpilot.lineup import MeasuredConfig, anchor_key
 
 CONFIG_COLUMNS = (
     "group",
@@ -63,7 +65,11 @@ class Table:
     def measured(self) -> Measured:
         """What a cost model fits on (numpy only, as the service holds it)."""
         chunk_ms = [None if ms is None else np.asarray(ms, dtype=float) for ms in self.rows.chunk_ms]
-        return Measured(self.x, self.rows.ttft_ms.to_numpy(), self.rows.tokenize_ms.to_numpy(), chunk_ms)
+        rows = self.rows
+        memory = rows.prefill_memory_bytes.fillna(0).to_numpy(dtype=float)
+        return Measured(
+            self.x, rows.ttft_ms.to_numpy(), rows.tokenize_ms.to_numpy(), chunk_ms, memory, rows.group.to_numpy()
+        )
 
     def measured_configs(self) -> dict[str, MeasuredConfig]:
         """group -> its measured sizes and TTFTs, as chunkpilot.lineup scores a baseline."""
@@ -122,7 +128,7 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
 
 def load_table(path: Path, older_engines: bool = False) -> Table:
     """Read and check the dataset (exit-2 errors name what is wrong), then build the features. Rows
-    measured by code of their kernel that no longer runs (chunkpilot.dataset.KERNEL_SINCE) are left
+    measured by code of their kernel that no longer runs (store.dataset.KERNEL_SINCE) are left
     out, saying how many, unless `older_engines`."""
     if not Path(path).exists():
         raise DataError("data", f"{path} does not exist")
@@ -181,7 +187,7 @@ def every_candidate(table: Table) -> Table:
     out = []
     for _, r in table.rows.groupby("group", sort=False):
         first = r.iloc[0]
-        window = int(first.window) or None
+        window = window_column(first.window)
         sizes, _ = feasible_chunks(DEFAULT_CHUNKS, int(first.context_length), window, first.layout)
         measured = dict(zip(r.chunk_size, r.ttft_ms, strict=True))
         out.append(
@@ -190,3 +196,20 @@ def every_candidate(table: Table) -> Table:
             )
         )
     return table_of(pd.concat(out, ignore_index=True).drop(columns="group"))
+
+
+def hardware_table(rows: pd.DataFrame) -> dict:
+    """Each machine in the data: its fingerprint and its descriptors per "dtype/threads". Logged
+    with the model, so the service can resolve a request's hardware_id (predictor/model.py)."""
+    static = ["device_kind", "device_name", "cores", "l2_cache_bytes", "l3_cache_bytes", "memory_bytes"]
+    measured = ["matmul_gflops", "bandwidth_gbs", "call_overhead_ms"]
+    return {
+        str(hardware_id): {
+            "static": json.loads(machine[static].iloc[0].to_json()),
+            "descriptors": {
+                descriptor_key(dtype, threads): json.loads(g[measured].median().to_json())
+                for (dtype, threads), g in machine.groupby(["dtype", "threads"])
+            },
+        }
+        for hardware_id, machine in rows.groupby("hardware_id")
+    }

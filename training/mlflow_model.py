@@ -1,7 +1,7 @@
 """The registered recipe as an MLflow model that stands alone (pyfunc, logged from this file as
 code, never a pickle, with the packages it imports as `code_paths`): `mlflow.pyfunc.load_model` or
 `mlflow models serve -m models:/chunk-size-predictor@champion` answer a request as the service
-does, by the same chunkpilot.pick.pick at the request's exact length (what the service's
+does, by the same estimator.pick.pick at the request's exact length (what the service's
 decision table holds). It carries the bottom package, which imports no torch."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from mlflow.exceptions import MlflowException
 from pydantic import ValidationError
 
 from chunkpilot.contract import ChunkRequest, ConfigError
-from chunkpilot.pick import Infeasible, pick
-from chunkpilot.recipe import load_recipe
-from chunkpilot.registry import HARDWARE_FILE, RECIPE
+from estimator.pick import Infeasible, pick
+from estimator.recipe import load_recipe
+from store.registry import HARDWARE_FILE, RECIPE
 
 NESTED = ("model", "attention", "hardware", "candidates")  # objects or lists: a row may give them as JSON text
 
@@ -41,7 +41,7 @@ def request_of(row: int, record: dict) -> ChunkRequest:
 
 class RecipeModel(mlflow.pyfunc.PythonModel):
     """predict: one request per row (the fields of the service's POST /v1/chunk-size as columns)
-    -> one decision per row (chunkpilot.pick.ROW's columns)."""
+    -> one decision per row (estimator.pick.ROW's columns)."""
 
     def load_context(self, context) -> None:
         self.recipe = load_recipe(Path(context.artifacts[RECIPE]))

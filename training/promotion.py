@@ -1,7 +1,7 @@
 """Which alias a newly trained version gets: the promotion gate (the champion's recipe re-measured on
 the new run's held-out slices, the new version champion only if strictly better), a challenger that
 learnt from the engine's own prefills waiting until it beats the champion on prefills neither has
-seen (`settle`), and registering the verdict. Storage itself is chunkpilot/registry.py's."""
+seen (`settle`), and registering the verdict. Storage itself is store/registry.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunkpilot.cache import user_cache_dir
-from chunkpilot.registry import CHALLENGER, CHAMPION, MODEL_NAME, RECIPE, WAITS, record_retrain
+from store.registry import CHALLENGER, CHAMPION, MODEL_NAME, RECIPE, WAITS, record_retrain
 
 
 class AliasMoved(RuntimeError):

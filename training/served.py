@@ -1,5 +1,5 @@
 """Recipes judged as they serve: fitted on a fold's training configs, saved, read back with
-chunkpilot.recipe.load_recipe (the service's call) and asked about each held-out config with the
+estimator.recipe.load_recipe (the service's call) and asked about each held-out config with the
 rule's candidate, exactly as predictor/model.py asks. Recipes that share a cost model share its fit."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.chunks import landed, length_cell, segments
-from chunkpilot.cost_models import PerChunk
+from chunkpilot.contract import window_column
 from chunkpilot.features import INPUT_COLUMNS, build
 from chunkpilot.lineup import applied
-from chunkpilot.recipe import Recipe, load_recipe, make_recipe
+from estimator.cost_models import PerChunk
+from estimator.recipe import Recipe, load_recipe, make_recipe
 
 from .baselines import HeldOutChoices
 from .data import Table
@@ -30,7 +31,7 @@ def _choose_at(recipe: Recipe, r: pd.DataFrame, members: np.ndarray, length: int
         config = {c: first[c] for c in INPUT_COLUMNS}
         members = recipe.members(build({**config, "context_length": length, "chunk_size": lengths}))
     spec = recipe.anchor(first.hardware_id, first.backend, first.attn_impl).spec
-    anchor = lengths.index(landed(lengths, applied(spec, length, int(first.window) or None, first.layout)))
+    anchor = lengths.index(landed(lengths, applied(spec, length, window_column(first.window), first.layout)))
     if not recipe.knows(first.hardware_id, first.backend, first.attn_impl):
         return anchor, True
     choice = recipe.chooser.pick(members, anchor)
@@ -46,7 +47,7 @@ def choose_groups(recipe: Recipe, test: Table, table: bool = True) -> HeldOutCho
     members = recipe.members(test.x)  # [K, rows]: a row's prediction does not depend on its batch
     chunks, deferred = {}, set()
     for g, r in test.rows.groupby("group", sort=False):
-        m, n, window = members[:, r.index.to_numpy()], int(r.iloc[0].context_length), int(r.iloc[0].window) or None
+        m, n, window = members[:, r.index.to_numpy()], int(r.iloc[0].context_length), window_column(r.iloc[0].window)
         first, last = length_cell(n, tuple(sorted(r.chunk_size[~r.is_full].tolist())), window) if table else (n, n)
 
         def decide(lengths: list[int], r: pd.DataFrame = r, m: np.ndarray = m) -> list[tuple[int, bool]]:
@@ -83,9 +84,12 @@ def fit_recipes(names: list[str], lgbm: dict, train: Table, folder: Path) -> dic
         if kind not in fitted:
             fitted[kind] = recipe.fit(train.measured, configs)
             if isinstance(recipe.cost, PerChunk):  # its twin is the per-candidate model of the same rows and params
-                fitted.setdefault(recipe.cost.untimed.kind, Recipe(name, recipe.cost.untimed, anchors=recipe.anchors))
-        cost, anchors = fitted[kind].cost, fitted[kind].anchors
-        out[name] = load_recipe(Recipe(name, cost, recipe.chooser, anchors=anchors).save(folder / name))
+                twin = Recipe(name, recipe.cost.untimed, anchors=recipe.anchors, memory=recipe.memory)
+                fitted.setdefault(recipe.cost.untimed.kind, twin)
+        done = fitted[kind]
+        out[name] = load_recipe(
+            Recipe(name, done.cost, recipe.chooser, anchors=done.anchors, memory=done.memory).save(folder / name)
+        )
     return out
 
 

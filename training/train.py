@@ -1,5 +1,5 @@
 """`chunkpilot train`: cross-validate every recipe and baseline on the held-out slices, log each as
-its own MLflow run with the same metric names, then fit the registered recipe (chunkpilot.recipe:
+its own MLflow run with the same metric names, then fit the registered recipe (estimator.recipe:
 DEFAULT unless asked otherwise) on all data, log it as one MLflow model and register it, moving
 `champion` only through the promotion gate."""
 
@@ -16,17 +16,20 @@ from pathlib import Path
 import pandas as pd
 
 import chunkpilot
-from chunkpilot import registry
+import estimator
+import store
 from chunkpilot.cache import user_cache_dir
-from chunkpilot.dataset import LISTS, DataError
-from chunkpilot.fleet import Gathered, gather
-from chunkpilot.recipe import COMPATIBLE, DEFAULT, RECIPES, Recipe, make_recipe
-from chunkpilot.tracking import log_input, quiet_mlflow, tracking_uri, use_experiment
+from estimator.recipe import COMPATIBLE, DEFAULT, RECIPES, Recipe, make_recipe
+from store import registry
+from store.dataset import LISTS, DataError
+from store.fleet import Gathered, gather
+from store.tracking import log_input, quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots, promotion
 from .baselines import LINEUP, baselines
 from .crossval import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
-from .data import Table, load_table
+from .data import Table, hardware_table, load_table
+from .memory import MemoryReport, auto_choices, format_memory, judge_memory, pareto_figure
 from .progress import Progress
 from .promotion import Verdict
 from .search import search, slice_regrets
@@ -34,7 +37,7 @@ from .served import fit_recipes, served_fit
 from .slices import make_slices
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the recipe as an MLflow model, logged as code
-MODEL_PACKAGES = (chunkpilot,)  # what its code imports, carried in the model (code_paths)
+MODEL_PACKAGES = (chunkpilot, estimator, store)  # what its code imports, carried in the model (code_paths)
 MODEL_REQUIREMENTS = ("lightgbm", "numpy", "pandas", "pydantic", "PyYAML")  # what that imports
 
 # what the registered recipe is judged beside, each its own run: (every baseline?, the other recipes).
@@ -57,23 +60,7 @@ class TrainResult:
     seconds: float
     rows: int
     configs: int
-
-
-def hardware_table(rows: pd.DataFrame) -> dict:
-    """Each machine in the data: its fingerprint and its descriptors per "dtype/threads". Logged
-    with the model, so the service can resolve a request's hardware_id (predictor/model.py)."""
-    static = ["device_kind", "device_name", "cores", "l2_cache_bytes", "l3_cache_bytes", "memory_bytes"]
-    measured = ["matmul_gflops", "bandwidth_gbs", "call_overhead_ms"]
-    return {
-        str(hardware_id): {
-            "static": json.loads(machine[static].iloc[0].to_json()),
-            "descriptors": {
-                f"{dtype}/{threads}": json.loads(g[measured].median().to_json())
-                for (dtype, threads), g in machine.groupby(["dtype", "threads"])
-            },
-        }
-        for hardware_id, machine in rows.groupby("hardware_id")
-    }
+    memory: MemoryReport | None = None  # the memory model held out (None: no row measured its peak)
 
 
 def _log_dataset(table: Table, source: str) -> None:
@@ -164,6 +151,7 @@ def _log_model(
     frames: dict[str, pd.DataFrame],
     predictions: pd.DataFrame,
     verdict: Verdict,
+    memory: MemoryReport | None,
 ) -> str:
     """Inside the model's run: its recipe, held-out metrics, artifacts and figures; the recipe
     logged as one MLflow model and registered. Returns the registered version."""
@@ -172,7 +160,8 @@ def _log_model(
     mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
     sizes = json.dumps({k: len(v) for k, v in slices.items()})
     mlflow.log_params({**recipe_description(recipe, described), "slices": sizes})
-    mlflow.log_dict(hardware_table(table.rows), registry.HARDWARE_FILE)
+    hardware = hardware_table(table.rows)
+    mlflow.log_dict(hardware, registry.HARDWARE_FILE)
     if trials:
         mlflow.log_dict({"trials": trials}, "search_trials.json")
     for figure, name in (
@@ -182,8 +171,18 @@ def _log_model(
     ):
         mlflow.log_figure(figure, name)
         plots.plt.close(figure)
+    if memory is not None:  # the memory model beside the cost model, judged on held-out configs
+        budgets = {f"memory_kept.budget_{b.share:g}": b.kept for b in memory.budgets if b.decisions}
+        given_up = {f"memory_given_up.budget_{b.share:g}": b.given_up for b in memory.budgets if b.decisions}
+        errors = {"memory_mean_error": memory.mean_error, "memory_p95_error": memory.p95_error}
+        margins = {f"memory_margin.{kind}": values[3] for kind, values in memory.per_backend.items()}
+        mlflow.log_metrics({**errors, **margins, **budgets, **given_up})
+        mlflow.log_text(format_memory(memory), "memory.txt")
+        choices = {g: auto_choices(recipe, hardware, rows) for g, rows in memory.frame.groupby("group", sort=False)}
+        figure = pareto_figure(memory.frame, choices)  # the served recipe's own choices (configs it trained on)
+        mlflow.log_figure(figure, "memory_pareto.png")
+        plots.plt.close(figure)
     _log_dataset(table, source)
-    hardware = hardware_table(table.rows)
     with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
         folder = recipe.save(Path(tmp) / registry.RECIPE)
         (Path(tmp) / registry.HARDWARE_FILE).write_text(json.dumps(hardware))
@@ -260,6 +259,7 @@ def train(
                 mlflow.log_metrics(flat(metrics[name]))
                 _log_dataset(table, source)
         new = {name: m["mean_regret"] for name, m in metrics[recipe].items()}
+        memory = judge_memory(table)
         progress.say(f"fitting {recipe} on all {len(table.rows)} rows")
         with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
             final = fit_recipes([recipe], lgbm, table, Path(tmp))[recipe]
@@ -277,7 +277,7 @@ def train(
             with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
                 mlflow.log_metrics(flat(metrics[recipe]))
                 version = _log_model(
-                    final, table, described, source, slices, trials, frames, judged[recipe][1], verdict
+                    final, table, described, source, slices, trials, frames, judged[recipe][1], verdict, memory
                 )
             promotion.register(client, version, verdict, new["all"], settled)
         client.update_model_version(
@@ -293,6 +293,7 @@ def train(
         time.monotonic() - start,
         len(table.rows),
         table.rows.group.nunique(),
+        memory,
     )
 
 
@@ -304,7 +305,7 @@ def train_from_tracking(
     compare: str = "all",
     progress: Progress | None = None,
 ) -> tuple[Gathered, TrainResult]:
-    """`train` on every partition the fleet published to the tracking server (chunkpilot/fleet.py):
+    """`train` on every partition the fleet published to the tracking server (store/fleet.py):
     each machine's profiled configs and the services' telemetry batches."""
     from mlflow import MlflowClient
 
@@ -405,6 +406,8 @@ def format_result(result: TrainResult) -> str:
         if not losses
         else f"{served} does NOT beat: " + ", ".join(losses)
     )
+    if result.memory is not None:
+        lines += ["", format_memory(result.memory)]
     if result.settled:
         lines.append(result.settled)
     lines.append(

@@ -20,7 +20,7 @@ from chunkpilot import plausibility
 from chunkpilot.contract import ChunkRequest, Outcome
 
 if TYPE_CHECKING:
-    from .engine import TTFTResult
+    from engine.engine import TTFTResult
 
 Send = Callable[[list[dict]], None]  # delivers one batch or raises
 
@@ -121,7 +121,7 @@ def to_service(url: str, token: str | None = None, timeout_s: float = 2.0) -> Se
 def to_partition(directory: Path) -> Send:
     """Batches checked against the contract and for plausibility (as the service checks them) and
     appended to a local telemetry partition (--in-process); a refused batch is dropped and counted."""
-    from chunkpilot.dataset import Partition
+    from store.dataset import Partition
 
     partition = Partition(directory)
 

@@ -5,7 +5,10 @@ and the decision from the service or the champion in-process; llama.cpp's own de
 512, and the reason) answers a request that cannot be described, the anchor one neither answers.
 
 A chunk is one micro-batch: llama.cpp splits each `llama_decode` at the context's `n_ubatch`, and
-the binding's `eval` splits the prompt at `n_batch`, so a size above both is cut to the smaller."""
+the binding's `eval` splits the prompt at `n_batch`, so a size above both is cut to the smaller.
+A `memory_budget_mb` is passed on to the decision; llama.cpp sizes its compute buffer when a
+context is created, by its `n_ubatch`, so the memory a decision predicts is what a context created
+with `n_ubatch` = the chosen size holds (llama-server's `--ubatch-size`)."""
 
 from __future__ import annotations
 
@@ -13,23 +16,35 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from chunkpilot.contract import ConfigError, ModelShape, RequestFeatures
+from auto.client import AutoPolicy, InProcessPolicy, auto_at
+from chunkpilot.contract import AttentionConfig, ConfigError, ModelShape, RequestFeatures
 from chunkpilot.lineup import applied, backend_default
+from engine.gguf_export import QUANT_OF
+from engine.hardware import local_hardware
+from engine.llama_probe import require
+from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
 
-from .gguf_export import QUANT_OF
-from .hardware import local_hardware
-from .llama_probe import require
-from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
-from .predictor_client import AutoPolicy, InProcessPolicy, auto_at
-
-FAMILIES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF architecture -> the contract's family
+FAMILIES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3"}  # GGUF architecture -> the contract's family
 
 
 def _threads(llm: Any) -> int:
     return int(llm.context_params.n_threads_batch)
 
 
-def request_features(llm: Any, context_length: int) -> RequestFeatures:
+def _window(meta: dict, arch: str, layers: int) -> tuple[int | None, int | None]:
+    """(the sliding window, every how many layers one is global) a GGUF's metadata states; Gemma 3's
+    pattern defaults to five local layers to one global, as llama.cpp reads it."""
+    window = int(meta.get(f"{arch}.attention.sliding_window", 0)) or None
+    if window is None:
+        return None, None
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list | tuple):  # one bool per layer: True where local
+        globals_ = [i for i, local in enumerate(pattern) if not local]
+        pattern = globals_[0] + 1 if globals_ else layers
+    return window, int(pattern)
+
+
+def request_features(llm: Any, context_length: int, memory_budget_mb: float | None = None) -> RequestFeatures:
     """What a policy decides on for a prompt of `context_length` tokens on `llm` (ConfigError, naming
     the field, when its metadata says something the contract cannot hold)."""
     meta = llm.metadata
@@ -42,9 +57,11 @@ def request_features(llm: Any, context_length: int) -> RequestFeatures:
         raise ConfigError("quant", f"GGUF file type {file_type} is not one ChunkPilot models: {known}")
     heads = int(meta[f"{arch}.attention.head_count"])
     hidden = int(meta[f"{arch}.embedding_length"])
+    layers = int(meta[f"{arch}.block_count"])
+    window, every = _window(meta, arch, layers)
     shape = ModelShape(
         family=FAMILIES[arch],
-        num_layers=int(meta[f"{arch}.block_count"]),
+        num_layers=layers,
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
@@ -52,14 +69,18 @@ def request_features(llm: Any, context_length: int) -> RequestFeatures:
         vocab_size=int(llm.n_vocab()),
         head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
         max_position=int(meta.get(f"{arch}.context_length", llm.n_ctx())),
+        window=window,
+        global_every=every,
     )
     return RequestFeatures(
         context_length,
         shape,
+        AttentionConfig(window),
         threads=_threads(llm),
         attn_impl="flash" if _flash(llm) else "masked",
         backend="llama.cpp",
         quant=QUANT_OF[file_type],
+        memory_budget_mb=memory_budget_mb,
     )
 
 
@@ -78,10 +99,12 @@ def largest_chunk(llm: Any) -> int:
     return min(int(llm.n_batch), int(llm.context_params.n_ubatch))
 
 
-def prefill_chunk_size(llm: Any, context_length: int, policy: ChunkPolicy) -> Decision:
+def prefill_chunk_size(
+    llm: Any, context_length: int, policy: ChunkPolicy, memory_budget_mb: float | None = None
+) -> Decision:
     """The decision for a prompt of `context_length` tokens on `llm`, cut to what one step holds."""
     try:
-        decision = policy.decide(request_features(llm, context_length))
+        decision = policy.decide(request_features(llm, context_length, memory_budget_mb))
     except ConfigError as exc:
         default = backend_default("llama.cpp")
         size = applied(default.spec, context_length, None, "shift")  # llama.cpp attends fully
@@ -89,13 +112,15 @@ def prefill_chunk_size(llm: Any, context_length: int, policy: ChunkPolicy) -> De
     return dataclasses.replace(decision, chunk_size=min(decision.chunk_size, largest_chunk(llm)))
 
 
-def chunked_eval(llm: Any, tokens: Sequence[int], policy: ChunkPolicy) -> Decision:
+def chunked_eval(
+    llm: Any, tokens: Sequence[int], policy: ChunkPolicy, memory_budget_mb: float | None = None
+) -> Decision:
     """`llm.eval(tokens)` from an empty context in chunks of the decided size, and the decision; the
     Llama is left as its own `eval` leaves it (its tokens and last logits), ready to sample. Before
     the first eval of a quantisation in this process, a probe (engine.llama_probe) checks in a
     child process that llama.cpp runs it here: a ConfigError naming it, not a dead process."""
     require(int(llm.metadata.get("general.file_type", 0)), _flash(llm))
-    decision = prefill_chunk_size(llm, len(tokens), policy)
+    decision = prefill_chunk_size(llm, len(tokens), policy, memory_budget_mb)
     own = llm.n_batch
     llm.n_batch = decision.chunk_size  # `eval` steps by n_batch; its batch buffer holds the larger `own`
     try:

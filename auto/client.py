@@ -21,15 +21,14 @@ from typing import TYPE_CHECKING
 import httpx
 from pydantic import ValidationError
 
+from auto.telemetry import Reporter, outcome
 from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
 from chunkpilot.lineup import Baseline, anchor_for, anchor_key
-from chunkpilot.registry import CHAMPION, MODEL_NAME
-
-from .policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy, Decision
-from .telemetry import Reporter, outcome
+from engine.policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy, Decision
+from store.registry import CHAMPION, MODEL_NAME
 
 if TYPE_CHECKING:
-    from .engine import TTFTResult
+    from engine.engine import TTFTResult
 
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
 MAX_SPANS = 4096  # answers kept per kind of request
@@ -95,8 +94,23 @@ def checked_schedule(schedule: list[int] | None, request: RequestFeatures) -> tu
 _warned = False
 
 
+BUDGET = "memory_budget_mb"
+BUDGET_REFUSALS = ("over_memory_budget", "no_memory_model")  # the model's refusals of a budget (estimator.pick)
+
+
+def budget_refused(detail: str) -> ConfigError:
+    """A refusal of the request's memory budget, as the engine raises it: naming the field."""
+    return ConfigError(BUDGET, detail.removeprefix(f"{BUDGET}: "))
+
+
 def fall_back(request: RequestFeatures, reason: str, anchor: Baseline) -> Decision:
-    """The anchor's size, with the reason; the process's first fallback says so on stderr."""
+    """The anchor's size, with the reason; the process's first fallback says so on stderr. A request
+    with a memory budget is refused instead: the anchor knows nothing of memory, and a prefill run
+    past its budget can take the process down."""
+    if request.memory_budget_mb is not None:
+        raise ConfigError(
+            BUDGET, f"no model could keep the budget ({reason}); the prefill is refused, not run unchecked"
+        )
     global _warned
     if not _warned:
         _warned = True
@@ -105,15 +119,18 @@ def fall_back(request: RequestFeatures, reason: str, anchor: Baseline) -> Decisi
     return Decision(size, "fallback", None, f"{reason}; {anchor.name} answered")
 
 
+def _detail(exc: httpx.HTTPStatusError) -> str:
+    try:
+        return str(exc.response.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return exc.response.text[:200]
+
+
 def failure_reason(exc: Exception, url: str, timeout_s: float) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"timeout: {url} gave no answer within {timeout_s * 1e3:g} ms"
     if isinstance(exc, httpx.HTTPStatusError):
-        try:
-            detail = exc.response.json()["detail"]
-        except (ValueError, KeyError, TypeError):
-            detail = exc.response.text[:200]
-        return f"the service answered {exc.response.status_code}: {detail}"
+        return f"the service answered {exc.response.status_code}: {_detail(exc)}"
     if isinstance(exc, httpx.TransportError):
         return f"cannot reach {url}: {exc or type(exc).__name__}"
     if isinstance(exc, ValidationError):  # one line: the first field the answer broke
@@ -176,7 +193,7 @@ class AutoPolicy(Observing):
     hardware: Hardware  # this machine (engine.hardware.local_hardware)
     breaker: Breaker = field(default_factory=Breaker)
     cache_ttl_s: float = CACHE_TTL_S
-    reporter: Reporter | None = None  # telemetry of each prefill (engine/telemetry.py)
+    reporter: Reporter | None = None  # telemetry of each prefill (auto/telemetry.py)
     schedule: bool = False  # ask for a chunk schedule too (the service's per-chunk cost model)
     name: str = "auto"
 
@@ -237,6 +254,13 @@ class AutoPolicy(Observing):
             )
         try:
             answer = self._ask(request)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 422 and (detail := _detail(exc)).startswith(f"{BUDGET}: "):
+                raise budget_refused(detail) from None  # the service is well: the budget cannot be kept
+            with self.lock:
+                self.breaker.record(False)
+                self.last_error = failure_reason(exc, self.url, self.timeout_s)
+            return fall_back(request, self.last_error, self.anchor(request))
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
             with self.lock:
                 self.breaker.record(False)
@@ -334,11 +358,13 @@ class InProcessPolicy(Observing):
         super().close()
 
     def decide(self, request: RequestFeatures) -> Decision:
-        from chunkpilot.pick import Infeasible
+        from estimator.pick import Infeasible
 
         try:
             answer = self.predictor.answer(ask(request, self.hardware, self.schedule)).response
-        except (Infeasible, ValueError) as exc:  # the anchor always has an answer
+        except (Infeasible, ValueError) as exc:  # the anchor always has an answer, but not to a budget
+            if isinstance(exc, Infeasible) and exc.reason in BUDGET_REFUSALS:
+                raise budget_refused(str(exc)) from None
             why = f"the in-process model cannot answer: {str(exc).splitlines()[0]}"
             return fall_back(request, why, self.anchor(request))
         schedule = None if answer.schedule is None else tuple(answer.schedule)

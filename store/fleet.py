@@ -20,8 +20,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunkpilot.dataset import DataError, read_file
 from chunkpilot.paths import UnsafePath, inside
+from store.dataset import DataError, read_file
 
 PROFILING_EXPERIMENT, TELEMETRY_EXPERIMENT = "profiling", "telemetry"  # the experiments whose runs publish partitions
 PARTITION = "partition."  # tag prefix: partition.<hardware id>/<name> -> SHA-256 of the uploaded file
@@ -50,7 +50,7 @@ class Publisher:
     def open(cls, uri: str, experiment: str, run_name: str, tags: dict[str, str]) -> Publisher:
         from mlflow import MlflowClient
 
-        from chunkpilot.tracking import ensure_experiment
+        from store.tracking import ensure_experiment
 
         client = MlflowClient(uri)
         run = client.create_run(ensure_experiment(experiment, uri), run_name=run_name, tags=tags)

@@ -12,13 +12,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from auto.client import AutoPolicy, InProcessPolicy, auto_at
 from chunkpilot.contract import RequestFeatures
-
-from .backends import own_attention
-from .hardware import local_hardware
-from .models import DTYPES, shape_of
-from .policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
-from .predictor_client import AutoPolicy, InProcessPolicy, auto_at
+from engine.backends import own_attention
+from engine.hardware import local_hardware
+from engine.models import DTYPES, shape_of
+from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
 
 
 def dtype_name(model: PreTrainedModel) -> str:
@@ -33,8 +32,11 @@ def auto_policy(
     return auto_at(hardware, predictor, timeout_s)
 
 
-def request_features(model: PreTrainedModel, context_length: int) -> RequestFeatures:
-    """What a policy decides on for a prompt of `context_length` tokens on `model`."""
+def request_features(
+    model: PreTrainedModel, context_length: int, memory_budget_mb: float | None = None
+) -> RequestFeatures:
+    """What a policy decides on for a prompt of `context_length` tokens on `model` (within
+    `memory_budget_mb` above the loaded model, if given)."""
     attn_impl = "eager" if model.config._attn_implementation == "eager" else "masked"
     return RequestFeatures(
         context_length,
@@ -44,18 +46,26 @@ def request_features(model: PreTrainedModel, context_length: int) -> RequestFeat
         torch.get_num_threads(),
         attn_impl,
         "transformers",
+        memory_budget_mb=memory_budget_mb,
     )
 
 
-def prefill_chunk_size(model: PreTrainedModel, context_length: int, policy: ChunkPolicy) -> Decision:
+def prefill_chunk_size(
+    model: PreTrainedModel, context_length: int, policy: ChunkPolicy, memory_budget_mb: float | None = None
+) -> Decision:
     """The decision for a prompt of `context_length` tokens on `model` (as `auto` makes it in the engine)."""
-    return policy.decide(request_features(model, context_length))
+    return policy.decide(request_features(model, context_length, memory_budget_mb))
 
 
 def chunked_generate(
-    model: PreTrainedModel, inputs: dict[str, torch.Tensor], policy: ChunkPolicy, **generate_kwargs: Any
+    model: PreTrainedModel,
+    inputs: dict[str, torch.Tensor],
+    policy: ChunkPolicy,
+    memory_budget_mb: float | None = None,
+    **generate_kwargs: Any,
 ) -> tuple[torch.Tensor, Decision]:
-    """`model.generate(**inputs, prefill_chunk_size=<the decision>, **generate_kwargs)` and the decision."""
-    decision = prefill_chunk_size(model, int(inputs["input_ids"].shape[-1]), policy)
+    """`model.generate(**inputs, prefill_chunk_size=<the decision>, **generate_kwargs)` and the
+    decision (the fastest size predicted to fit `memory_budget_mb`, if given)."""
+    decision = prefill_chunk_size(model, int(inputs["input_ids"].shape[-1]), policy, memory_budget_mb)
     output = model.generate(**inputs, prefill_chunk_size=decision.chunk_size, **generate_kwargs)
     return output, decision

@@ -2,7 +2,7 @@
 
 A model predicts log TTFT (ms) of uniform plans, one feature row (chunkpilot.features) per
 candidate size, as the members of an ensemble: [members, rows]. The members' spread is the
-uncertainty the chooser (chunkpilot.recipe) weighs a saving against. Implementations:
+uncertainty the chooser (estimator.recipe) weighs a saving against. Implementations:
 
 - PerChunk: LightGBM on each measured chunk's ms, given its query tokens q and the history h before
   it (chunkpilot.chunk_features). A plan's TTFT is the sum of its chunks (at most SAMPLED of them
@@ -33,11 +33,11 @@ from typing import Protocol
 import lightgbm as lgb
 import numpy as np
 
-from .chunk_features import COLUMNS as CHUNK_CONFIG
-from .chunk_features import chunk_features
-from .chunks import chunk_count
-from .contract import SHAPE_COLUMNS, number
-from .features import FEATURES, MONOTONE, RUNTIME, base_log_ms, history_sum, keys_sum
+from chunkpilot.chunk_features import COLUMNS as CHUNK_CONFIG
+from chunkpilot.chunk_features import chunk_features
+from chunkpilot.chunks import chunk_count
+from chunkpilot.contract import SHAPE_COLUMNS, number
+from chunkpilot.features import FEATURES, MONOTONE, RUNTIME, base_log_ms, history_sum, keys_sum
 
 # 300 trees of 31 leaves: the held-out regret that smaller or slower forests were measured against
 # is in docs/training.md, with its command
@@ -66,6 +66,8 @@ class Measured:
     ttft_ms: np.ndarray  # [rows]
     tokenize_ms: np.ndarray  # [rows]
     chunk_ms: Sequence[np.ndarray | None]  # per row: each chunk's ms, None where not measured
+    memory_bytes: np.ndarray | None = None  # [rows] the prefill's peak above the model, 0 where not measured
+    groups: np.ndarray | None = None  # [rows] each row's config
 
 
 def lgb_params(params: dict, seed: int) -> tuple[dict, int]:

@@ -12,12 +12,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contract import ChunkRequest
-from .tracking import quiet_mlflow
+from chunkpilot.contract import ChunkRequest
+from store.tracking import quiet_mlflow
 
 MODEL_NAME = "chunk-size-predictor"
 CHAMPION, CHALLENGER = "champion", "challenger"
-RECIPE = "recipe"  # run param: the registered recipe's name and params (chunkpilot.recipe.Recipe.params)
+RECIPE = "recipe"  # run param: the registered recipe's name and params (estimator.recipe.Recipe.params)
 HARDWARE_FILE = "hardware.json"  # the machines of the training data, by hardware_id
 LAST_RETRAIN = "last_retrain"  # registered-model tag: what the latest training did, or why it failed
 WAITS = "waits_for_telemetry"  # version tag of a challenger that `settle` may promote
@@ -55,7 +55,7 @@ class Stored:
 
     version: str
     run_id: str
-    recipe_dir: Path  # chunkpilot.recipe.load_recipe reads it: LightGBM's text format, never a pickle
+    recipe_dir: Path  # estimator.recipe.load_recipe reads it: LightGBM's text format, never a pickle
     hardware: dict
     rows: int
     metrics: dict[str, float]
@@ -109,7 +109,7 @@ def model_signature():
     from mlflow.models import ModelSignature
     from mlflow.types.schema import AnyType, ColSpec, Schema
 
-    from .pick import ROW  # numpy and LightGBM: only when a model is logged
+    from estimator.pick import ROW  # numpy and LightGBM: only when a model is logged
 
     inputs = [ColSpec(AnyType(), name, required=f.is_required()) for name, f in ChunkRequest.model_fields.items()]
     outputs = [ColSpec(kind, name) for name, kind in ROW.items()]

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from annotated_types import Ge, Gt, Le
 
 from chunkpilot import plausibility
-from chunkpilot.chunks import last_chunk
+from chunkpilot.chunks import chunk_count, last_chunk
 from chunkpilot.contract import (
     ATTN_IMPLS,
     BACKENDS,
@@ -39,13 +39,15 @@ from chunkpilot.contract import (
     ModelShape,
     Outcome,
     RequestFeatures,
+    window_column,
 )
 from chunkpilot.lineup import MeasuredConfig, anchor_key
 from chunkpilot.paths import inside
 
 # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
-# version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it; older files read
-HARNESS_VERSION = "7"
+# version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it, 7: llama.cpp's
+# `quant`, `n_batch`, `n_ubatch`, 8: `prefill_memory_bytes` (engine.memory); older files read
+HARNESS_VERSION = "8"
 # The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
 # engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
 # faster, most at small chunks: docs/performance.md), after which version 5 was the first; split
@@ -88,7 +90,7 @@ SCHEMA = pa.schema(
         ("ttft_iqr_ms", _float), ("ttft_cv", _float), ("repeats", _int),
         ("ttft_repeats_ms", pa.list_(_float)), ("prefill_repeats_ms", pa.list_(_float)),
         ("chunk_ms", pa.list_(_float)),
-        ("kv_cache_bytes", _int), ("peak_memory_bytes", _int),
+        ("kv_cache_bytes", _int), ("peak_memory_bytes", _int), ("prefill_memory_bytes", _int),
         # the prompt's own FLOPs (chunkpilot.features.prefill_flops) over the median prefill, and the
         # best matmul GFLOP/s the measuring process reached (engine.hardware.matmul_peak)
         ("prefill_gflops", _float), ("matmul_peak_gflops", _float),
@@ -106,6 +108,7 @@ LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset s
 OPTIONAL = {
     **dict.fromkeys(("chunk_ms", "tie_embeddings", "backend_version", "decision_source", "model_version", "explored")),
     **dict.fromkeys(("compiled", "prefill_gflops", "matmul_peak_gflops", "quant", "n_batch", "n_ubatch")),
+    "prefill_memory_bytes": 0,  # 0: not measured (older files, telemetry)
     "global_tokens": 0,
     "backend": "chunkpilot",
 }
@@ -117,7 +120,7 @@ _NONE_AS_ZERO = ("window", "global_every")  # fields that may be None, stored as
 _DATASET_ONLY = {
     "parameters": (1, False), "num_chunks": (1, False), "last_chunk": (1, False), "memory_bytes": (0, False),
     "ttft_iqr_ms": (0, False), "ttft_cv": (0, False), "repeats": (1, False), "kv_cache_bytes": (0, False),
-    "peak_memory_bytes": (0, False), "remeasured": (0, False),
+    "peak_memory_bytes": (0, False), "prefill_memory_bytes": (0, False), "remeasured": (0, False),
     "prefill_gflops": (0, True), "matmul_peak_gflops": (0, True),
 }
 # fmt: on
@@ -176,7 +179,7 @@ def validate(df: pd.DataFrame, where: str) -> None:
                 names = ", ".join(str(a) for a in allowed)
                 raise DataError(column, f"{where} row {i}: must be one of {names}, got {value!r}")
         n, chunk = values["context_length"], values["chunk_size"]
-        if chunk > n or values["num_chunks"] != math.ceil(n / chunk):
+        if chunk > n or values["num_chunks"] != chunk_count(n, chunk):
             raise DataError(
                 "chunk_size", f"{where} row {i}: chunk {chunk} and {values['num_chunks']} chunks do not fit context {n}"
             )
@@ -295,6 +298,7 @@ def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
                 "chunk_ms": o.chunk_ms,
                 "kv_cache_bytes": 0,
                 "peak_memory_bytes": 0,
+                "prefill_memory_bytes": 0,
                 "noisy": False,
                 "remeasured": 0,
                 "started_at": o.finished_at,
@@ -404,7 +408,7 @@ def measured_configs(rows: pd.DataFrame) -> dict[tuple[str, str], MeasuredConfig
             r.chunk_size.tolist(),
             r.ttft_ms.tolist(),
             int(first.context_length),
-            int(first.window) or None,
+            window_column(first.window),
             first.layout,
         )
         for key, r in rows.groupby(["config_key", "hardware_id"], sort=False)

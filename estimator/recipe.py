@@ -1,4 +1,4 @@
-"""The decision: a recipe is a cost model (chunkpilot.cost_models) and a chooser, with its own
+"""The decision: a recipe is a cost model (estimator.cost_models) and a chooser, with its own
 parameters, saved as one folder and read back by `load_recipe`, the one function both training's
 cross-validation and the service call: what is judged is exactly what is served.
 
@@ -22,18 +22,21 @@ from pathlib import Path
 
 import numpy as np
 
-from . import chunk_features
-from .correction import Correction
-from .cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
-from .features import FEATURES
-from .lineup import Baseline, MeasuredConfig, anchor_for, anchor_key, fit_anchors
+from chunkpilot import chunk_features
+from chunkpilot.correction import Correction
+from chunkpilot.features import FEATURES
+from chunkpilot.lineup import Baseline, MeasuredConfig, anchor_for, anchor_key, fit_anchors
+from estimator.cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
+from estimator.memory import MemoryModel
 
 # what a recipe is trained on: the plan's features and the per-chunk cost model's. A recipe saved
 # with another list (an older ChunkPilot) is refused here and replaced by the promotion gate
 FEATURE_SET = [*FEATURES, *(f"chunk.{name}" for name in chunk_features.NAMES)]
 
 RECIPE_FILE = "recipe.json"
-FORMAT = 3  # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin; 3: anchors
+# what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin; 3: anchors;
+# 4: the memory model (estimator.memory), null where no row measured its peak
+FORMAT = 4
 # the run params a registered champion must share with this ChunkPilot to serve it (the promotion gate)
 COMPATIBLE = {"features": ",".join(FEATURE_SET), "recipe_format": str(FORMAT)}
 
@@ -57,12 +60,14 @@ class Chooser:
     # 5-12% to it); on held-out configs 3% changed the mean regret by under 0.6 points either way
     margin: float = 0.03
 
-    def pick(self, members: np.ndarray, anchor: int | None, noise: np.ndarray | None = None) -> Choice:
+    def pick(
+        self, members: np.ndarray, anchor: int | None, noise: np.ndarray | None = None, fits: np.ndarray | None = None
+    ) -> Choice:
         """The choice among the candidates from `members` [K, candidates] log ms; `anchor` is the
         anchor's index among them; `noise` [candidates, candidates] the variance the correction adds
-        to each difference."""
+        to each difference; `fits` [candidates] those allowed (a memory budget; the anchor among them)."""
         mean = members.mean(0)
-        index, deferred = int(np.argmin(mean)), False
+        index, deferred = int(np.argmin(mean if fits is None else np.where(fits, mean, np.inf))), False
         if self.z > 0 and anchor is not None and index != anchor:
             saving = members[:, anchor] - members[:, index]  # [K] each member's own predicted saving
             added = 0.0 if noise is None else noise[anchor, index]
@@ -84,6 +89,7 @@ class Recipe:
     chooser: Chooser = field(default_factory=Chooser)
     correction: Correction | None = None  # this machine's, learnt from its prefills (per-chunk only)
     anchors: dict[str, Baseline] = field(default_factory=dict)  # chunkpilot.lineup.anchor_key -> its anchor
+    memory: MemoryModel | None = None  # each candidate's peak memory (None: no row measured it)
 
     @property
     def params(self) -> dict:
@@ -91,9 +97,13 @@ class Recipe:
         return {"cost": self.cost.kind, "lgbm": self.cost.params, "members": self.cost.size, "z": self.chooser.z}
 
     def fit(self, data: Measured, configs: dict[str, list[MeasuredConfig]]) -> Recipe:
-        """The cost model fitted on `data`; the anchors on `configs` (anchor key -> its configs)."""
+        """The cost model fitted on `data`; the anchors on `configs` (anchor key -> its configs); the
+        memory model on the rows that measured their peak."""
         self.cost.fit(data)
         self.anchors = fit_anchors(configs)
+        measured = None if data.memory_bytes is None else data.memory_bytes > 0
+        if measured is not None and measured.any():
+            self.memory = MemoryModel().fit(data.x[measured], data.memory_bytes[measured], data.groups[measured])
         return self
 
     def anchor(self, hardware_id: str | None, backend: str, attn_impl: str) -> Baseline:
@@ -123,15 +133,17 @@ class Recipe:
         """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
         return self.cost.members(x, self._adjust())
 
-    def choose(self, members: np.ndarray, x: np.ndarray, anchor: int, known: bool = True) -> Choice:
+    def choose(
+        self, members: np.ndarray, x: np.ndarray, anchor: int, known: bool = True, fits: np.ndarray | None = None
+    ) -> Choice:
         """One config's candidates, `x` [candidates, FEATURES], their members [K, candidates] (a
-        batch's share: chunkpilot.pick.pick_many), the anchor's index among them, and whether the
-        model `knows` the machine: the service's call. Without a learnt correction it is exactly
-        cross-validation's `chooser.pick`."""
+        batch's share: estimator.pick.pick_many), the anchor's index among them, whether the model
+        `knows` the machine, and which candidates fit a memory budget: the service's call. Without a
+        learnt correction or a budget it is exactly cross-validation's `chooser.pick`."""
         if not known:
             return self.chooser.defer(members, anchor)
         noise = None if self._adjust() is None else self.correction.difference_variance(x)
-        return self.chooser.pick(members, anchor, noise)
+        return self.chooser.pick(members, anchor, noise, fits)
 
     def residuals(self, x: np.ndarray, chunk_ms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One measured prefill of the uniform plan `x` [1, FEATURES]: (its chunks' config rows, query
@@ -151,6 +163,7 @@ class Recipe:
             "chooser": {"z": self.chooser.z, "margin": self.chooser.margin},
             "features": FEATURE_SET,
             "anchors": {key: list(anchor) for key, anchor in self.anchors.items()},
+            "memory": None if self.memory is None else self.memory.save(),
         }
         (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
         return folder
@@ -173,8 +186,9 @@ def load_recipe(folder: Path) -> Recipe:
             f"than this ChunkPilot builds ({len(FEATURE_SET)}): retrain it (chunkpilot train)"
         )
     anchors = {key: Baseline(*anchor) for key, anchor in saved["anchors"].items()}
+    memory = None if saved["memory"] is None else MemoryModel.load(saved["memory"])
     return Recipe(
-        saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]), None, anchors
+        saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]), None, anchors, memory
     )
 
 

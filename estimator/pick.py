@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .chunks import DEFAULT_CHUNKS, feasible_chunks, landed, max_chunk, rule_candidate
-from .contract import ChunkRequest, Hardware
-from .features import build
-from .lineup import Baseline, applied
-from .recipe import Choice, Recipe
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, landed, max_chunk, rule_candidate
+from chunkpilot.contract import ChunkRequest, Hardware, descriptor_of
+from chunkpilot.features import build
+from chunkpilot.lineup import Baseline, applied
+from estimator.recipe import Choice, Recipe
 
 
 class Infeasible(ValueError):
@@ -45,11 +45,11 @@ def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) 
             "unknown_hardware",
         )
     if machine is not None:
-        measured = {tuple(k.split("/")): v for k, v in machine["descriptors"].items()}
+        measured = {descriptor_of(k): v for k, v in machine["descriptors"].items()}
         same_dtype = [k for k in measured if k[0] == dtype] or list(measured)
-        nearest = min(same_dtype, key=lambda k: (abs(int(k[1]) - threads), k))
+        nearest = min(same_dtype, key=lambda k: (abs(k[1] - threads), k))
         found = {**machine["static"], **measured[nearest]}
-        if nearest == (dtype, str(threads)):
+        if nearest == (dtype, threads):
             return {**given, **found}
     return {**found, **{k: v for k, v in given.items() if v or k not in found}}
 
@@ -94,6 +94,7 @@ ROW = {
     "anchor_chunk_size": "long",
     "anchor": "string",
     "deferred": "boolean",
+    "predicted_peak_mb": "double",  # NaN: the model has no memory side
 }
 
 
@@ -107,15 +108,19 @@ class Picked:
     chunks: list[int]  # the feasible candidates
     rule: int  # the hand rule's index among them
     anchor: Baseline  # the strongest simple baseline here
-    anchored: int  # its index among them
+    anchored: int  # its index among them (cut to the memory budget, if one is asked)
     x: np.ndarray  # [candidates, FEATURES]
     choice: Choice
     ms: list[float]  # [candidates] predicted TTFT
+    peak_mb: list[float] | None = None  # [candidates] predicted peak memory (None: no memory model)
+    fits: list[bool] | None = None  # [candidates] within the request's memory budget (None: none asked)
+    margin: float | None = None  # the memory model's safety margin for this backend and kernel
 
     def row(self) -> dict:
         """The decision as the MLflow model answers it (ROW's columns)."""
         i, rule, anchored = self.choice.index, self.chunks[self.rule], self.chunks[self.anchored]
-        values = (self.chunks[i], self.ms[i], rule, anchored, self.anchor.name, self.choice.deferred)
+        peak = math.nan if self.peak_mb is None else self.peak_mb[i]
+        values = (self.chunks[i], self.ms[i], rule, anchored, self.anchor.name, self.choice.deferred, peak)
         return dict(zip(ROW, values, strict=True))
 
 
@@ -127,6 +132,13 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
     hw = resolve_hardware(table, request.hardware, request.dtype, request.threads)
     anchor = request_anchor(recipe, request)
     known = recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl)
+    budget, memory = request.memory_budget_mb, recipe.memory
+    if budget is not None and memory is None:
+        raise Infeasible(
+            "memory_budget_mb: this model has no memory side (no training row measured prefill_memory_bytes); "
+            "retrain it on rows of harness 8 or later, or leave the budget out",
+            "no_memory_model",
+        )
     plans: list[tuple[int, list[int]] | Infeasible] = []
     for n in lengths:
         try:
@@ -145,6 +157,7 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
         }
     )
     members = recipe.members(x)  # [K, rows]
+    peak_mb = None if memory is None else memory.predict_bytes(x) / 2**20  # [rows]
     starts = np.cumsum([0, *counts]).tolist()
     out: list[Picked | Infeasible] = []
     j = 0  # the next feasible plan's place among the feasible
@@ -155,13 +168,55 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
         n, chunks = plan
         rows, j = slice(starts[j], starts[j + 1]), j + 1
         anchored = chunks.index(anchor_size(anchor, request, chunks, n))
-        choice = recipe.choose(members[:, rows], x[rows], anchored, known)
+        peaks = None if peak_mb is None else peak_mb[rows]
+        margin = None if memory is None else float(memory.margin_of(x[rows][:1])[0])  # one kind: one margin
+        fits = None
+        if budget is not None:
+            fits = peaks * (1 + margin) <= budget
+            if not fits.any():
+                out.append(over_budget(budget, margin, chunks, peaks))
+                continue
+            anchored = within(fits, anchored)
+        choice = recipe.choose(members[:, rows], x[rows], anchored, known, fits)
         ms = np.exp(choice.log_ms).tolist()
         if not all(map(math.isfinite, ms)):
             out.append(Infeasible("the model predicted a non-finite TTFT for this request", "non_finite"))
             continue
-        out.append(Picked(chunks, chunks.index(rule_size(request, chunks, n)), anchor, anchored, x[rows], choice, ms))
+        rule = chunks.index(rule_size(request, chunks, n))
+        out.append(
+            Picked(
+                chunks,
+                rule,
+                anchor,
+                anchored,
+                x[rows],
+                choice,
+                ms,
+                None if peaks is None else peaks.tolist(),
+                None if fits is None else fits.tolist(),
+                margin,
+            )
+        )
     return out
+
+
+def within(fits: np.ndarray, index: int) -> int:
+    """The candidate `index` cut to the budget: the largest that fits at or below it (candidates are
+    sorted by size, and memory grows with the chunk), else the smallest that fits."""
+    below = np.flatnonzero(fits[: index + 1])
+    return int(below[-1]) if len(below) else int(np.flatnonzero(fits)[0])
+
+
+def over_budget(budget: float, margin: float, chunks: list[int], peaks: np.ndarray) -> Infeasible:
+    """The refusal when no candidate's predicted peak fits the budget: it names the field and what
+    the smallest would need."""
+    i = int(np.argmin(peaks))
+    need = peaks[i] * (1 + margin)
+    return Infeasible(
+        f"memory_budget_mb: no candidate fits {budget:g} MB; the smallest predicted peak is {peaks[i]:.1f} MB "
+        f"(chunk {chunks[i]}), {need:.1f} MB with the {margin:.0%} safety margin: a budget of at least that",
+        "over_memory_budget",
+    )
 
 
 def pick(recipe: Recipe, table: dict, request: ChunkRequest) -> Picked:

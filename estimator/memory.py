@@ -1,0 +1,138 @@
+"""The memory side of a decision: what one prefill at a chunk size adds at its peak above the loaded
+model (the rows' `prefill_memory_bytes`: engine/memory.py, llama.cpp's own buffers), predicted for
+every candidate so that a request's `memory_budget_mb` can be kept.
+
+An analytic model with fitted coefficients: the peak is a sum of the buffers a prefill holds at
+once, each a product of the shape, the chunk and the dtype (`terms`): the KV cache (and, where it
+grows by concatenation, as transformers' does, its old copy while a chunk appends), a chunk's
+hidden-state and MLP activations, its attention scores and its logits, and a constant. One
+non-negative fit per backend and kernel (their allocators and kernels keep different buffers), on
+the relative error (a budget is a ratio), and one over all rows for a backend or kernel without
+rows. Its safety margins are fitted too, one per backend and kernel: the 99th percentile of how
+far that kind's held-out configs' measured peaks rose above their predictions (one config held out
+at a time), so that a budgeted choice fits about 99 times in 100 where the model was judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import nnls
+
+from chunkpilot.features import BACKEND_CODES, FEATURES, LAYOUT_CODES
+
+MIB = 2**20
+TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "repacked")
+LLAMA_CPP = BACKEND_CODES["llama.cpp"]
+PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backends.py)
+MIN_MARGIN = 0.05  # never promise tighter than this, however well the held-out configs fit
+_col = {name: i for i, name in enumerate(FEATURES)}
+
+
+def terms(x: np.ndarray) -> np.ndarray:
+    """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each; `x`
+    [rows, FEATURES] (chunkpilot.features.build). The KV cache keeps the whole prompt on global
+    layers and, on local ones, the window (ring) or the window and the chunk (shift); llama.cpp
+    sizes its batch and its cells up to PAD. A bf16 matmul on a CPU repacks its weight: the largest
+    (the vocabulary's) is held twice while it runs."""
+    col = {name: x[:, i] for name, i in _col.items()}
+    padded = col["backend"] == LLAMA_CPP
+    n = np.where(padded, np.ceil((col["context_length"] + 1) / PAD) * PAD, col["context_length"])
+    c = np.where(padded, np.ceil(col["chunk_size"] / PAD) * PAD, col["chunk_size"])
+    window, local = col["window"], col["local_fraction"]
+    ring = col["layout"] == LAYOUT_CODES["ring"]
+    kept = np.where(window > 0, np.where(ring, window, np.minimum(n, window + c)), n)  # a local layer's cells
+    cells = local * kept + (1 - local) * n
+    width = col["dtype_bytes"] / MIB
+    kv = 2 * col["num_layers"] * col["num_kv_heads"] * col["head_dim"] * cells * width
+    keys = np.where(local < 1, n, kept)  # the widest layer's keys
+    out = np.stack(
+        [
+            np.ones(len(x)),
+            kv,
+            kv * (1 - col["chunk_size"] / np.maximum(col["context_length"], 1)),  # a concatenating cache's old copy
+            c * col["hidden_size"] * width,
+            c * col["intermediate_size"] * width,
+            4 * col["num_heads"] * c * keys / MIB,  # a chunk's scores, every head
+            4 * c * keys / MIB,  # its mask, one for all heads
+            4 * c * col["vocab_size"] / MIB,
+            (col["dtype_bytes"] == 2) * col["vocab_size"] * col["hidden_size"] * width,
+        ],
+        axis=1,
+    )
+    out[padded] *= LLAMA_CPP_TERMS  # its buffers are sized once, by the graph: no activations kept apart
+    return out
+
+
+# llama.cpp's context holds its KV cells, the largest chunk's scores and mask, and the logits of a
+# batch: the terms its reported buffers are made of (the others would only fit noise)
+LLAMA_CPP_TERMS = np.array([name in ("kv", "scores", "mask", "logits") for name in TERMS], dtype=float)
+
+
+def _kind(x: np.ndarray) -> list[str]:
+    return [f"{int(b)}/{int(k)}" for b, k in zip(x[:, _col["backend"]], x[:, _col["attn_impl"]], strict=True)]
+
+
+def _fit(t: np.ndarray, mib: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising the relative error."""
+    return nnls(t / mib[:, None], np.ones(len(mib)))[0]
+
+
+@dataclass
+class MemoryModel:
+    coefficients: dict[str, list[float]] = field(default_factory=dict)  # "backend/kernel" codes -> per term
+    pooled: list[float] = field(default_factory=list)  # over every row: a kind without rows
+    margins: dict[str, float] = field(
+        default_factory=dict
+    )  # per kind: a predicted peak is kept within budget / (1 + it)
+    margin: float = MIN_MARGIN  # a kind without rows
+
+    def fit(self, x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray) -> MemoryModel:
+        """Fitted on rows `x` [rows, FEATURES] with their measured peaks (bytes > 0) and config
+        groups; the margin from each group held out in turn."""
+        mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
+        self.pooled = _fit(t, mib).tolist()
+        self.coefficients = {k: _fit(t[kinds == k], mib[kinds == k]).tolist() for k in sorted(set(kinds))}
+        rise = self.held_out(x, peak_bytes, groups)
+        self.margin = max(MIN_MARGIN, float(np.quantile(rise, 0.99)))
+        self.margins = {k: max(MIN_MARGIN, float(np.quantile(rise[kinds == k], 0.99))) for k in self.coefficients}
+        return self
+
+    def margin_of(self, x: np.ndarray) -> np.ndarray:
+        """[rows] the safety margin of each row's backend and kernel."""
+        return np.array([self.margins.get(k, self.margin) for k in _kind(x)])
+
+    def held_out(self, x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        """[rows] measured / predicted - 1, each config predicted by a model fitted without it (a
+        kind with fewer than two other configs: by the pooled fit without it)."""
+        mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
+        out = np.empty(len(x))
+        for g in np.unique(groups):
+            test = groups == g
+            same = (kinds == kinds[test][0]) & ~test
+            coef = _fit(t[same], mib[same]) if len(np.unique(groups[same])) >= 2 else _fit(t[~test], mib[~test])
+            out[test] = mib[test] / np.maximum(t[test] @ coef, 1e-9) - 1
+        return out
+
+    def predict_bytes(self, x: np.ndarray) -> np.ndarray:
+        """[rows] predicted peak bytes above the loaded model."""
+        t = terms(x)
+        coef = np.array([self.coefficients.get(k, self.pooled) for k in _kind(x)])
+        return np.einsum("ij,ij->i", t, coef) * MIB
+
+    def fits(self, x: np.ndarray, budget_mb: float) -> np.ndarray:
+        """[rows] whether each predicted peak, raised by its margin, stays within `budget_mb`."""
+        return self.predict_bytes(x) * (1 + self.margin_of(x)) <= budget_mb * MIB
+
+    def save(self) -> dict:
+        return {
+            "coefficients": self.coefficients,
+            "pooled": self.pooled,
+            "margins": self.margins,
+            "margin": self.margin,
+        }
+
+    @classmethod
+    def load(cls, saved: dict) -> MemoryModel:
+        return cls(saved["coefficients"], saved["pooled"], saved["margins"], saved["margin"])

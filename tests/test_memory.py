@@ -1,0 +1,161 @@
+"""Memory is part of the choice: a prefill's peak above the loaded model is measured per size (and
+agrees with a fresh process's), predicted for every candidate, and a request's memory_budget_mb
+is kept (the fastest size predicted to fit) or refused naming the field and what would fit, the
+same way whether the recipe is judged offline, served by the service or asked as an MLflow model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from chunkpilot.contract import ChunkRequest, ConfigError, Hardware
+from chunkpilot.features import build
+from engine.policy import FixedPolicy
+from engine.workload import Workload
+from estimator.memory import MIB, MIN_MARGIN, TERMS, MemoryModel, terms
+from estimator.pick import Infeasible, pick
+
+HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
+FRESH = textwrap.dedent(
+    """
+    import json, sys
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.memory import resident_bytes
+    from engine import runtime
+    from engine.policy import FixedPolicy
+    from engine.workload import Workload
+    engine = Engine(EngineConfig(model="llama-tiny", threads=int(sys.argv[2])))
+    engine.run(Workload(64), FixedPolicy(64))  # the process's one-time set-up, before the reading
+    before = resident_bytes()
+    runtime.reset_peak_memory(engine.device)
+    engine.run(Workload(2048), FixedPolicy(int(sys.argv[1])))
+    print(json.dumps(runtime.peak_memory_bytes(engine.device) - before))
+    """
+)
+
+
+def fresh_process_peak(chunk: int, threads: int) -> int:
+    """What one prefill adds to a fresh process that runs only it, with the engine's own heap set-up."""
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH, str(chunk), str(threads)], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_a_prefill_s_peak_grows_with_its_chunk_and_a_fresh_process_agrees_within_a_factor_of_two(engines):
+    engine = engines("llama-tiny")
+    workload = Workload(2048)
+    small, whole = (engine.prefill_memory(workload, FixedPolicy(c)) for c in (128, 2048))
+    assert whole > 1.5 * small > 0  # one shot holds the whole prompt's activations and scores at once
+    # a fresh process's first prefill also allocates what a running engine keeps between prefills
+    # (its kernels' buffers for new shapes): the same order, and growing with the chunk alike
+    fresh = {chunk: fresh_process_peak(chunk, engine.runtime.threads) for chunk in (128, 2048)}
+    assert fresh[2048] > 1.5 * fresh[128]
+    for chunk, ours in ((128, small), (2048, whole)):
+        assert 0.5 <= ours / fresh[chunk] <= 2, (chunk, ours, fresh[chunk])
+
+
+def rows(n: np.ndarray, c: np.ndarray, backend: str = "chunkpilot") -> np.ndarray:
+    config = {"window": 0, "layout": "none", "sinks": 0, "global_tokens": 0, "global_every": 0, "num_layers": 4}
+    shape = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 4, "head_dim": 64, "intermediate_size": 768}
+    runtime = {"vocab_size": 4096, "parameters": 1e7, "dtype": "float32", "threads": 2, "attn_impl": "split"}
+    return build(
+        {**config, **shape, **runtime, **HARDWARE, "backend": backend, "quant": None, "l2_cache_bytes": 0}
+        | {"l3_cache_bytes": 0, "context_length": n, "chunk_size": c}
+    )
+
+
+def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
+    """Unit test on synthetic peaks built from known coefficients (no engine): the fit finds them,
+    predicts a config it never saw, and its margin is the floor when the held-out configs fit exactly."""
+    rng = np.random.default_rng(0)
+    n = rng.integers(500, 9000, 60).astype(float)
+    c = np.minimum(rng.choice([128, 256, 512, 1024, 2048], 60), n)
+    x = rows(n, c)
+    truth = np.array([12.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.5, 0.0, 0.0])  # a constant, KV, activations, scores, mask
+    model = MemoryModel().fit(x, terms(x) @ truth * MIB, np.arange(60) // 3)
+    unseen = rows(np.array([6000.0]), np.array([768.0]))
+    assert model.predict_bytes(unseen)[0] == pytest.approx((terms(unseen) @ truth)[0] * MIB, rel=1e-3)
+    assert model.margin == MIN_MARGIN == model.margin_of(unseen)[0] and len(TERMS) == len(truth)
+    budget = model.predict_bytes(unseen)[0] * (1 + MIN_MARGIN) / MIB
+    assert model.fits(unseen, budget * 1.001)[0] and not model.fits(unseen, budget * 0.999)[0]
+
+
+@pytest.fixture(scope="module")
+def served(trained_store):
+    from predictor.model import load_predictor
+    from store.registry import CHAMPION, MODEL_NAME
+
+    predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
+    yield predictor
+    predictor.close()
+
+
+def test_a_budget_takes_the_fastest_size_predicted_to_fit(served):
+    """The small dataset's profile measured its peaks, so the champion predicts every candidate's:
+    under a budget between the smallest and the largest, the answer is a size that fits with the
+    margin, the fastest predicted of those, and every size it offers fits too."""
+    request = ChunkRequest(context_length=3000, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
+    free = served.exact_answer(request).response  # the recipe at this length: every candidate priced
+    peaks = {c.chunk_size: c.predicted_peak_mb for c in free.candidates}
+    margin = free.memory_margin
+    assert margin >= MIN_MARGIN and all(p > 0 for p in peaks.values())
+    assert peaks[3000] > peaks[min(peaks)]  # one shot holds more than the smallest chunk
+    budget = (peaks[min(peaks)] + peaks[3000]) / 2 * (1 + margin)
+    answer = served.answer(request.model_copy(update={"memory_budget_mb": budget})).response
+    fitting = [c for c in answer.candidates if c.predicted_peak_mb * (1 + margin) <= budget]
+    assert peaks[answer.chunk_size] * (1 + margin) <= budget < peaks[3000] * (1 + margin)
+    assert answer.source == "model" and all(c.chunk_size in {f.chunk_size for f in fitting} for c in answer.top)
+    fastest = min(fitting, key=lambda c: c.predicted_ttft_ms).chunk_size
+    assert answer.chunk_size == fastest or (answer.deferred and answer.chunk_size == answer.anchor.chunk_size)
+
+
+def test_a_budget_no_size_fits_is_refused_naming_the_field_and_what_would_fit(served):
+    request = ChunkRequest(context_length=3000, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
+    smallest = min(c.predicted_peak_mb for c in served.exact_answer(request).response.candidates)
+    with pytest.raises(Infeasible, match=r"^memory_budget_mb: .*smallest predicted peak is") as refused:
+        served.answer(request.model_copy(update={"memory_budget_mb": smallest / 2}))
+    assert refused.value.reason == "over_memory_budget"
+
+
+def test_judged_offline_served_and_the_mlflow_model_agree_under_a_budget(served, trained_store):
+    """The offline judge (training/memory.py asks estimator.pick.pick), the service's answer and the
+    registered MLflow model make one choice for each budget, refusals included."""
+    import mlflow
+    import pandas as pd
+
+    request = ChunkRequest(context_length=2500, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
+    peaks = sorted(c.predicted_peak_mb for c in served.exact_answer(request).response.candidates)
+    mlflow.set_tracking_uri(trained_store)
+    model = mlflow.pyfunc.load_model("models:/chunk-size-predictor@champion")
+    for budget in (peaks[0] / 2, peaks[0] * 1.2, peaks[len(peaks) // 2] * 1.2, peaks[-1] * 2):
+        asked = request.model_copy(update={"memory_budget_mb": budget})
+        try:
+            judged = pick(served.recipe, served.hardware, asked)
+        except Infeasible:
+            with pytest.raises(Infeasible, match="memory_budget_mb"):
+                served.answer(asked)
+            continue
+        size = judged.chunks[judged.choice.index]
+        assert served.answer(asked).response.chunk_size == size
+        row = {**json.loads(asked.model_dump_json()), "hardware": HARDWARE}
+        assert model.predict(pd.DataFrame([row])).chunk_size.iloc[0] == size
+
+
+def test_the_engine_refuses_a_prefill_its_budget_cannot_hold(trained_store, engines):
+    from auto.client import InProcessPolicy
+    from engine.workload import Workload as W
+
+    engine = engines("llama-tiny")
+    policy = InProcessPolicy(trained_store, engine.hardware())
+    request = engine.request(2000, W(2000).attention).model_copy(update={"memory_budget_mb": 0.001})
+    with pytest.raises(ConfigError, match="memory_budget_mb") as refused:
+        policy.decide(request)
+    assert "smallest predicted peak" in str(refused.value)
+    policy.close()
