@@ -65,6 +65,11 @@ class Answers:
             found = spans[i] if i >= 0 and spans[i].last >= n else None
         return None if found is None else (found, time.monotonic() - found.at >= self.ttl_s)
 
+    def forget(self, request: RequestFeatures) -> None:
+        """Every answer of the request's kind."""
+        with self.lock:
+            self.kinds.pop(request.kind(), None)
+
     def put(self, request: RequestFeatures, answer: Remembered) -> None:
         """Kept in place of the answers it overlaps (a rebuilt table may draw other segments), and
         of the kind's oldest past MAX_SPANS (answers for one length each, from a service without
@@ -242,6 +247,8 @@ class AutoPolicy(Observing):
             decision = self._decide_now(request)
             if decision.explored:
                 self.explorations[(request.kind(), request.context_length)] = decision
+        except ConfigError:  # its budget is refused now (a promoted model's wider margin): no stale answer stays
+            self.answers.forget(request)
         finally:
             self.refreshing.discard(request.kind())
 

@@ -27,22 +27,25 @@ TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits
 LLAMA_CPP = BACKEND_CODES["llama.cpp"]
 PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backends.py)
 MIN_MARGIN = 0.05  # never promise tighter than this, however well the held-out configs fit
+OWN_FIT = 3  # configs a backend and kernel needs for coefficients of its own (else the pooled fit's)
 _col = {name: i for i, name in enumerate(FEATURES)}
 
 
 def terms(x: np.ndarray) -> np.ndarray:
     """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each; `x`
     [rows, FEATURES] (chunkpilot.features.build). The KV cache keeps the whole prompt on global
-    layers and, on local ones, the window (ring) or the window and the chunk (shift); llama.cpp
+    layers and, on local ones, two windows (ring) or the window and the chunk (shift), with the
+    sinks and global tokens; llama.cpp
     sizes its batch and its cells up to PAD. A bf16 matmul on a CPU repacks its weight: the largest
     (the vocabulary's) is held twice while it runs."""
     col = {name: x[:, i] for name, i in _col.items()}
     padded = col["backend"] == LLAMA_CPP
     n = np.where(padded, np.ceil((col["context_length"] + 1) / PAD) * PAD, col["context_length"])
     c = np.where(padded, np.ceil(col["chunk_size"] / PAD) * PAD, col["chunk_size"])
-    window, local = col["window"], col["local_fraction"]
+    window, local, extra = col["window"], col["local_fraction"], col["sinks"] + col["global_tokens"]
     ring = col["layout"] == LAYOUT_CODES["ring"]
-    kept = np.where(window > 0, np.where(ring, window, np.minimum(n, window + c)), n)  # a local layer's cells
+    # a local layer's cells: a ring's two windows of slots (engine/kv_cache.py), a shift's window and chunk
+    kept = np.where(window > 0, np.where(ring, 2 * window, np.minimum(n, window + c)) + extra, n)
     cells = local * kept + (1 - local) * n
     width = col["dtype_bytes"] / MIB
     kv = 2 * col["num_layers"] * col["num_kv_heads"] * col["head_dim"] * cells * width
@@ -92,11 +95,17 @@ class MemoryModel:
         """Fitted on rows `x` [rows, FEATURES] with their measured peaks (bytes > 0) and config
         groups; the margin from each group held out in turn."""
         mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
+        if len(np.unique(groups)) < 2:
+            raise ValueError("a memory model needs measured peaks of two configs at least (one to hold out)")
         self.pooled = _fit(t, mib).tolist()
-        self.coefficients = {k: _fit(t[kinds == k], mib[kinds == k]).tolist() for k in sorted(set(kinds))}
+        self.coefficients = {
+            k: _fit(t[kinds == k], mib[kinds == k]).tolist()
+            for k in sorted(set(kinds))
+            if len(np.unique(groups[kinds == k])) >= OWN_FIT
+        }
         rise = self.held_out(x, peak_bytes, groups)
         self.margin = max(MIN_MARGIN, float(np.quantile(rise, 0.99)))
-        self.margins = {k: max(MIN_MARGIN, float(np.quantile(rise[kinds == k], 0.99))) for k in self.coefficients}
+        self.margins = {k: max(MIN_MARGIN, float(np.quantile(rise[kinds == k], 0.99))) for k in sorted(set(kinds))}
         return self
 
     def margin_of(self, x: np.ndarray) -> np.ndarray:
@@ -105,13 +114,15 @@ class MemoryModel:
 
     def held_out(self, x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """[rows] measured / predicted - 1, each config predicted by a model fitted without it (a
-        kind with fewer than two other configs: by the pooled fit without it)."""
+        kind with fewer than OWN_FIT configs, its own among them: by the pooled fit without it, as it
+        is served)."""
         mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
         out = np.empty(len(x))
         for g in np.unique(groups):
             test = groups == g
             same = (kinds == kinds[test][0]) & ~test
-            coef = _fit(t[same], mib[same]) if len(np.unique(groups[same])) >= 2 else _fit(t[~test], mib[~test])
+            own = len(np.unique(groups[same])) + 1 >= OWN_FIT  # as served: its own fit, else the pooled one
+            coef = _fit(t[same], mib[same]) if own else _fit(t[~test], mib[~test])
             out[test] = mib[test] / np.maximum(t[test] @ coef, 1e-9) - 1
         return out
 

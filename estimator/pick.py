@@ -211,7 +211,7 @@ def over_budget(budget: float, margin: float, chunks: list[int], peaks: np.ndarr
     """The refusal when no candidate's predicted peak fits the budget: it names the field and what
     the smallest would need."""
     i = int(np.argmin(peaks))
-    need = peaks[i] * (1 + margin)
+    need = math.ceil(peaks[i] * (1 + margin) * 10) / 10  # rounded up: that budget fits
     return Infeasible(
         f"memory_budget_mb: no candidate fits {budget:g} MB; the smallest predicted peak is {peaks[i]:.1f} MB "
         f"(chunk {chunks[i]}), {need:.1f} MB with the {margin:.0%} safety margin: a budget of at least that",

@@ -98,11 +98,11 @@ class Recipe:
 
     def fit(self, data: Measured, configs: dict[str, list[MeasuredConfig]]) -> Recipe:
         """The cost model fitted on `data`; the anchors on `configs` (anchor key -> its configs); the
-        memory model on the rows that measured their peak."""
+        memory model on the rows that measured their peak (two configs at least)."""
         self.cost.fit(data)
         self.anchors = fit_anchors(configs)
         measured = None if data.memory_bytes is None else data.memory_bytes > 0
-        if measured is not None and measured.any():
+        if measured is not None and len(np.unique(data.groups[measured])) >= 2:
             self.memory = MemoryModel().fit(data.x[measured], data.memory_bytes[measured], data.groups[measured])
         return self
 

@@ -179,6 +179,8 @@ class Predictor:
         if request.schedule and isinstance(self.recipe.cost, PerChunk):
             att = request.attention
             limit = max_chunk(n, att.window, att.layout)
+            if picked.fits is not None:  # a budget: no chunk above the largest size that fits it
+                limit = min(limit, max(chunks[i] for i in order))
             ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
             planned = best_schedule(self.recipe.chunk_ms, picked.x[0], n, ranked, limit)
             schedule = None if planned is None else planned[0]

@@ -20,6 +20,7 @@ from chunkpilot import plausibility
 from chunkpilot.chunks import DEFAULT_CHUNKS
 from chunkpilot.contract import AttentionConfig, ChunkRequest, ChunkResponse, ConfigError, Hardware, ModelShape, Outcome
 from chunkpilot.correction import neighbourhood
+from estimator.pick import Infeasible
 from store import registry
 from store.dataset import Partition
 from store.fleet import SPEC_TAG, TELEMETRY_EXPERIMENT, Publisher
@@ -169,7 +170,12 @@ class ServiceState:
 
     def answer(self, request: ChunkRequest) -> ChunkResponse:
         pick, challenger = self.predictor.answer(request), self.challenger
-        shadow = None if challenger is None or request.schedule else challenger.answer(request).response.chunk_size
+        shadow = None
+        if challenger is not None and not request.schedule:
+            try:
+                shadow = challenger.answer(request).response.chunk_size
+            except Infeasible:  # the challenger cannot keep this budget: the champion's answer stands
+                shadow = None
         return self._served(request, pick, shadow)
 
     def _served(self, request: ChunkRequest, pick: Answer, shadow: int | None) -> ChunkResponse:

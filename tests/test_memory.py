@@ -116,6 +116,16 @@ def test_a_budget_takes_the_fastest_size_predicted_to_fit(served):
     assert answer.chunk_size == fastest or (answer.deferred and answer.chunk_size == answer.anchor.chunk_size)
 
 
+def test_a_schedule_asked_with_a_budget_holds_no_chunk_above_the_largest_size_that_fits(served):
+    request = ChunkRequest(context_length=3000, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
+    free = served.exact_answer(request).response
+    peaks, margin = {c.chunk_size: c.predicted_peak_mb for c in free.candidates}, free.memory_margin
+    budget = (peaks[min(peaks)] + peaks[3000]) / 2 * (1 + margin)
+    fitting = [size for size, peak in peaks.items() if peak * (1 + margin) <= budget]
+    answer = served.answer(request.model_copy(update={"memory_budget_mb": budget, "schedule": True})).response
+    assert answer.schedule is not None and sum(answer.schedule) == 3000 and max(answer.schedule) <= max(fitting)
+
+
 def test_a_budget_no_size_fits_is_refused_naming_the_field_and_what_would_fit(served):
     request = ChunkRequest(context_length=3000, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
     smallest = min(c.predicted_peak_mb for c in served.exact_answer(request).response.candidates)

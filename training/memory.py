@@ -61,10 +61,10 @@ def measured_memory(table: Table) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 def judge_memory(table: Table, with_budgets: bool = False) -> MemoryReport | None:
-    """The held-out report (the budgets too, if asked: a recipe fit per fold), or None where no row
-    measured its peak."""
+    """The held-out report (the budgets too, if asked: a recipe fit per fold), or None where fewer
+    than two configs measured their peak."""
     rows, x = measured_memory(table)
-    if rows.empty:
+    if rows.group.nunique() < 2:  # nothing to hold out
         return None
     peak = rows.prefill_memory_bytes.to_numpy(dtype=float)
     groups = rows.group.to_numpy()
@@ -113,7 +113,9 @@ def auto_choices(recipe: Recipe, hardware: dict, config: pd.DataFrame, shares: t
         budget = share * float(one_shot.prefill_memory_bytes.iloc[0]) / MIB
         try:
             out[label(share)] = chosen(pick(recipe, hardware, request.model_copy(update={"memory_budget_mb": budget})))
-        except Infeasible:
+        except Infeasible as exc:
+            if exc.reason != "over_memory_budget":
+                raise
             out[label(share)] = None  # refused: no size predicted to fit
     return out
 
