@@ -17,9 +17,10 @@ import time
 import numpy as np
 
 from chunkpilot.contract import ConfigError, number
+from chunkpilot.intervals import median_ratio
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.measure import interleaved, median_ratio
+from engine.measure import interleaved
 from engine.policy import FixedPolicy
 from engine.workload import Workload
 

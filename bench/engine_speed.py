@@ -30,12 +30,13 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from chunkpilot.chunks import clamp_chunk, landed, rule_size
 from chunkpilot.contract import MAX_CONTEXT, NO_WINDOW, AttentionConfig, ConfigError, number
 from chunkpilot.features import prefill_flops
+from chunkpilot.intervals import median_ratio
 from engine.backends import open_engine, own_attention
 from engine.config import EngineConfig
 from engine.engine import Engine, Prepared
 from engine.hardware import matmul_peak
 from engine.kv_cache import NO_GLOBALS, ChunkCache, FullLayer, Globals, ShiftLayer, Sinks
-from engine.measure import interleaved, median_ratio
+from engine.measure import interleaved
 from engine.policy import FixedPolicy
 from engine.workload import Workload
 

@@ -14,7 +14,8 @@ import numpy as np
 from preamble import model_and_rounds
 
 from chunkpilot.contract import AttentionConfig
-from engine.measure import interleaved, median_ratio
+from chunkpilot.intervals import median_ratio
+from engine.measure import interleaved
 from engine.policy import RulePolicy
 from engine.workload import Workload
 

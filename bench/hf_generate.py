@@ -21,7 +21,8 @@ import torch
 
 from auto.hf import auto_policy, prefill_chunk_size, request_features
 from chunkpilot.chunks import simple_rule
-from engine.measure import interleaved, median_ratio
+from chunkpilot.intervals import median_ratio
+from engine.measure import interleaved
 from engine.models import load_model
 from engine.policy import ChunkPolicy, FixedPolicy, RulePolicy
 from store.tracking import tracking_uri

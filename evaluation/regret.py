@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.measure import resampled_rounds
+from chunkpilot.intervals import resampled_rounds
 
 Times = dict[int, dict[int, list[float]]]  # probe index -> chunk size -> TTFT ms over the rounds
 Choices = tuple[dict[int, int], dict[int, float]]  # (probe index -> chunk size, -> ms its decision took)

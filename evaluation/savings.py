@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.measure import resampled_rounds
+from chunkpilot.intervals import resampled_rounds
 
 if TYPE_CHECKING:
     from .comparison import PromptResult
