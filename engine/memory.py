@@ -34,18 +34,7 @@ def _libc() -> ctypes.CDLL | None:
 
 def resident_bytes() -> int:
     """The process's resident set now (Linux; 0 elsewhere)."""
-    return _status_kib("VmRSS:") * 1024
-
-
-def _status_kib(field: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return runtime.status_bytes("VmRSS:")
 
 
 @contextmanager

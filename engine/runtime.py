@@ -103,10 +103,15 @@ def peak_memory_bytes(device: torch.device) -> int:
     """GPU: peak allocated since the last reset. CPU: peak resident set of the process since then."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    return status_bytes("VmHWM:")
+
+
+def status_bytes(field: str) -> int:
+    """A memory field of /proc/self/status (VmRSS:, VmHWM:), bytes; 0 where the OS does not say."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass

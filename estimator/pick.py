@@ -116,6 +116,11 @@ class Picked:
     fits: list[bool] | None = None  # [candidates] within the request's memory budget (None: none asked)
     margin: float | None = None  # the memory model's safety margin for this backend and kernel
 
+    @property
+    def size(self) -> int:
+        """The chosen chunk size."""
+        return self.chunks[self.choice.index]
+
     def row(self) -> dict:
         """The decision as the MLflow model answers it (ROW's columns)."""
         i, rule, anchored = self.choice.index, self.chunks[self.rule], self.chunks[self.anchored]

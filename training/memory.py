@@ -22,7 +22,7 @@ import pandas as pd
 from chunkpilot.chunks import landed, rule_size
 from chunkpilot.contract import ChunkRequest, window_column
 from estimator.memory import MIB, MemoryModel
-from estimator.pick import Infeasible, Picked, pick
+from estimator.pick import Infeasible, pick
 from estimator.recipe import DEFAULT, Recipe
 
 from .data import Table, hardware_table
@@ -107,12 +107,12 @@ def auto_choices(recipe: Recipe, hardware: dict, config: pd.DataFrame, shares: t
     each share of its measured one-shot peak (none on a ring: it has no one shot)."""
     sizes = ["full" if full else int(c) for c, full in zip(config.chunk_size, config.is_full, strict=True)]
     request = ChunkRequest.from_row(config.iloc[0].to_dict()).model_copy(update={"candidates": sizes})
-    out: Choices = {"auto": chosen(pick(recipe, hardware, request))}
+    out: Choices = {"auto": pick(recipe, hardware, request).size}
     one_shot = config[config.is_full]
     for share in shares if not one_shot.empty else ():
         budget = share * float(one_shot.prefill_memory_bytes.iloc[0]) / MIB
         try:
-            out[label(share)] = chosen(pick(recipe, hardware, request.model_copy(update={"memory_budget_mb": budget})))
+            out[label(share)] = pick(recipe, hardware, request.model_copy(update={"memory_budget_mb": budget})).size
         except Infeasible as exc:
             if exc.reason != "over_memory_budget":
                 raise
@@ -156,10 +156,6 @@ def budgeted(frame: pd.DataFrame, choices: dict[str, Choices], shares: tuple[flo
             budget = share * float(at.measured_mb[config.context_length.iloc[0]])
             outcomes[share].append((at.measured_mb[size] <= budget, at.ttft_ms[size] / at.ttft_ms[found["auto"]] - 1))
     return [_summary(share, found) for share, found in outcomes.items()]
-
-
-def chosen(picked: Picked) -> int:
-    return picked.chunks[picked.choice.index]
 
 
 def _summary(share: float, found: list[tuple[bool, float] | None]) -> Budgeted:
