@@ -288,16 +288,21 @@ class AutoPolicy(Observing):
         return Decision(chunk, "service", answer.model_version, explored=answer.explored, schedule=schedule)
 
     def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
-        """Ask about each request until the service answers it from its decision table (built in the
-        background when a kind is first seen: seconds of the service's cores, which would otherwise
-        share the machine with the first prefills), then forget the answers, so that the next
-        decisions are the steady state's. Returns how many the table answered before `timeout_s`
-        (0 at once from a service that builds no tables)."""
-        model = self.client.get("/v1/model")
-        model.raise_for_status()
+        """Wait for the service's compiled forests, and ask about each request until the service
+        answers it from its decision table (both built in the background: seconds of the service's
+        cores, which would otherwise share the machine with the first prefills), then forget the
+        answers, so that the next decisions are the steady state's. Returns how many the table
+        answered before `timeout_s` (0 from a service that builds no tables)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            model = self.client.get("/v1/model")
+            model.raise_for_status()
+            if model.json().get("forests") != "compiling" or time.monotonic() > end:
+                break
+            time.sleep(0.5)
         if not model.json()["decision_table"]["builds"]:
             return 0
-        end, waiting = time.monotonic() + timeout_s, list(requests)
+        waiting = list(requests)
         while waiting and time.monotonic() < end:
             waiting = [r for r in waiting if self._ask(r, schedule=False).source != "table"]
             if waiting:
@@ -353,11 +358,15 @@ class InProcessPolicy(Observing):
                 pass
 
     def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
-        """As AutoPolicy.warm_up: each request's kind queued, and the table built (on this process's
-        cores) before the first prefill is timed. Returns how many the table answers."""
+        """As AutoPolicy.warm_up: the forests compiled, each request's kind queued, and the table
+        built (on this process's cores) before the first prefill is timed. Returns how many the
+        table answers."""
+        end = time.monotonic() + timeout_s
+        if self.predictor.forests is not None:
+            self.predictor.forests.join(timeout_s)
         for r in requests:
             self.predictor.tabled_answer(ask(r, self.hardware))  # a miss queues the kind
-        self.predictor.table.wait(timeout_s)
+        self.predictor.table.wait(max(0.0, end - time.monotonic()))
         return sum(self.predictor.tabled_answer(ask(r, self.hardware)) is not None for r in requests)
 
     def close(self) -> None:

@@ -4,7 +4,8 @@ regret of one shot, of the backend's default and of the best single size of its 
 and kernel (chosen from that spec's rows, as one sweep would choose it), with the share of the
 matmul peak the prefill reached at its best size. Then per backend and kernel (and llama.cpp's
 quantisation): the mean and the largest regret of each baseline, so "chunking does not pay here"
-reads as a number.
+reads as a number. Appends its record to results/runs.jsonl (evaluation.records), from which
+docs/backends.md's table is rendered.
 
     .venv/bin/python bench/chunking_pays.py --spec real-shapes [--data data/ttft]
 """
@@ -12,12 +13,15 @@ reads as a number.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 import pandas as pd
 
 from chunkpilot.lineup import anchor_key, backend_default, best_single_size, describe
 from chunkpilot.paths import DATA_ROOT
+from evaluation.records import append_record, chunking_record
 from store.dataset import anchor_configs, measured_configs, read_dataset
 
 
@@ -71,6 +75,9 @@ def main() -> None:
             for name, column in (("one shot", "one_shot"), ("default", "default"), ("best single", "best_single"))
         )
         print(f"{hardware} {backend} {kernel}: {len(group)} configs, spread {group.spread.mean():.1%}; {said}")
+    command = shlex.join([".venv/bin/python", "bench/chunking_pays.py", *sys.argv[1:]])
+    where = append_record(chunking_record(command, args.spec, configs))
+    print(f"recorded in {where} (`chunkpilot results` renders docs/backends.md)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 config held out in turn (mean and p95, per backend and kernel), the share of budgeted decisions
 whose measured peak stayed within the budget, and the TTFT given up against the unconstrained best
 at budgets of 50% and 25% of one shot's measured peak; then TTFT against peak memory for every size
-of every config, the Pareto front and the choices marked, written as a PNG.
+of every config, the Pareto front and the choices marked, written as a PNG. Appends its record to
+results/runs.jsonl (evaluation.records), from which docs/memory.md's figures are rendered.
 
     .venv/bin/python bench/memory.py [--data data/ttft] [--plot docs/memory_pareto.png]
 """
@@ -10,9 +11,12 @@ of every config, the Pareto front and the choices marked, written as a PNG.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 from chunkpilot.paths import DATA_ROOT
+from evaluation.records import append_record, memory_record
 from training.data import load_table
 from training.memory import format_memory, judge_memory, pareto_figure
 
@@ -26,6 +30,8 @@ def main() -> None:
     if report is None:
         parser.error(f"no row under {args.data} measured its peak memory (prefill_memory_bytes: harness 8)")
     print(format_memory(report))
+    command = shlex.join([".venv/bin/python", "bench/memory.py", *sys.argv[1:]])
+    print(f"recorded in {append_record(memory_record(command, report))} (`chunkpilot results` renders docs/memory.md)")
     if args.plot:
         figure = pareto_figure(report.frame, report.choices)
         figure.savefig(args.plot, dpi=110)

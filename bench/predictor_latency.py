@@ -17,10 +17,20 @@ import argparse
 import http.client
 import json
 import multiprocessing
+import shlex
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+from evaluation.records import append_record, stamp
+
+if TYPE_CHECKING:
+    from predictor.model import Predictor
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 
@@ -39,9 +49,15 @@ def body(i: int, schedule: bool = False) -> dict:
     }
 
 
-def percentiles(ms: list[float]) -> str:
-    q = statistics.quantiles(ms, n=100)
-    return f"p50 {statistics.median(ms):7.3f} ms   p99 {q[98]:7.3f} ms"
+FIGURES: list[dict] = []  # what this run measured, in order: its record (evaluation.records)
+
+
+def percentiles(ms: list[float], path: str | None = None) -> str:
+    """p50 and p99 of `ms`, kept under `path` for the record when one is named."""
+    p50, p99 = statistics.median(ms), statistics.quantiles(ms, n=100)[98]
+    if path is not None:
+        FIGURES.append({"path": path, "p50_ms": p50, "p99_ms": p99, "n": len(ms)})
+    return f"p50 {p50:7.3f} ms   p99 {p99:7.3f} ms"
 
 
 def timed(answer: Callable, requests: list) -> tuple[list[float], list]:
@@ -59,23 +75,50 @@ def in_process(n: int) -> None:
     from store.registry import CHAMPION, MODEL_NAME
     from store.tracking import tracking_uri
 
-    predictor = load_predictor(tracking_uri(), MODEL_NAME, CHAMPION)
+    def loaded() -> Predictor:
+        return load_predictor(tracking_uri(), MODEL_NAME, CHAMPION, compiled=False)
+
+    predictor = loaded()
     requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
+    lgbm, _ = timed(predictor.exact_answer, requests[: max(100, n // 4)])
+    path = "in-process, recipe at the exact length, LightGBM's own predictor (until the forests are compiled)"
+    print(f"in-process, recipe, LightGBM's predictor {percentiles(lgbm, path)}")
+    with tempfile.TemporaryDirectory() as cache:  # empty: what a new machine or model pays, once
+        t0 = time.perf_counter()
+        predictor.recipe.cost.compile(Path(cache))
+        cold = time.perf_counter() - t0
+        again = loaded()
+        t0 = time.perf_counter()
+        again.recipe.cost.compile(Path(cache))
+        cached = time.perf_counter() - t0
+        FIGURES.append({"path": "compiling the forests, once per machine and model (one core)", "seconds": cold})
+        FIGURES.append({"path": "loading the compiled forests from the cache", "seconds": cached})
+        print(
+            f"compiling the forests                    {cold:.1f} s of one core, once per machine and model "
+            f"(then {cached:.2f} s from the cache)"
+        )
+        again.close()
+    requests = [ChunkRequest.model_validate(body(i)) for i in range(n, 2 * n)]  # lengths not priced before
     exact, _ = timed(predictor.exact_answer, requests)
-    print(f"in-process, recipe at the exact length   {percentiles(exact)}  (every decision before the table)")
-    first, _ = timed(predictor.answer, requests[:12])  # each kind's first request: decided now, the kind queued
-    print(f"in-process, first sight of a kind        {percentiles(first)}  (12 kinds: the recipe, now)")
+    path = "in-process, recipe at the exact length, compiled forests (every decision before the table)"
+    print(f"in-process, recipe at the exact length   {percentiles(exact, path)}")
+    # each kind's first request, at lengths never priced: decided now, the kind queued
+    first, _ = timed(predictor.answer, [ChunkRequest.model_validate(body(i)) for i in range(3 * n, 3 * n + 12)])
+    path = "in-process, first sight of a kind (12 kinds: the recipe, now; the kind queued)"
+    print(f"in-process, first sight of a kind        {percentiles(first, path)}")
     t0 = time.perf_counter()
     predictor.table.wait(600)
     built = predictor.table.built_s
+    FIGURES.append({"path": "table build per kind, background thread (median)", "seconds": statistics.median(built)})
     print(
         f"table build, per kind (background)       median {statistics.median(built):.2f} s, "
         f"max {max(built):.2f} s, {len(built)} kinds in {time.perf_counter() - t0:.1f} s"
     )
-    fresh = [ChunkRequest.model_validate(body(i)) for i in range(n, 2 * n)]  # lengths not asked before
+    fresh = [ChunkRequest.model_validate(body(i)) for i in range(2 * n, 3 * n)]  # lengths not asked before
     steady, answers = timed(predictor.answer, fresh)
     sources = {s: sum(a.source == s for a in answers) for s in ("table", "model", "rule")}
-    print(f"in-process, table, new lengths           {percentiles(steady)}  sources {sources}")
+    path = "in-process, table, new lengths of known kinds"
+    print(f"in-process, table, new lengths           {percentiles(steady, path)}  sources {sources}")
     ttft = statistics.median(a.predicted_ttft_ms for a in answers)
     print(
         f"decision cost / median predicted TTFT ({ttft:.0f} ms) of these requests: table p50 "
@@ -83,7 +126,8 @@ def in_process(n: int) -> None:
     )
     if predictor.info["schedules"]:  # the same requests asking for a schedule too (priced per length)
         scheduled, _ = timed(predictor.answer, [r.model_copy(update={"schedule": True}) for r in fresh])
-        print(f"in-process, recipe + schedule            {percentiles(scheduled)}")
+        path = "in-process, recipe + schedule (priced per length, never tabled)"
+        print(f"in-process, recipe + schedule            {percentiles(scheduled, path)}")
     predictor.close()
 
 
@@ -153,7 +197,8 @@ def over_http(
     wall = max(time.time() - start_at, 1e-9)
     mode = f"one request per {every_ms:g} ms each" if every_ms else "back to back"
     who = ("stdlib" if lean else "httpx") + (" + schedule" if schedule else "")
-    return f"HTTP {who:>17}, {clients:>2} clients, {mode:<28} {percentiles(times)}   {len(times) / wall:6.0f} req/s"
+    said = percentiles(times, f"HTTP {who}, {clients} clients, {mode}")
+    return f"HTTP {who:>17}, {clients:>2} clients, {mode:<28} {said}   {len(times) / wall:6.0f} req/s"
 
 
 def main() -> None:
@@ -172,6 +217,7 @@ def main() -> None:
         wait_ready(url, server)
         built_kinds(url)
         over_http(url, 1, 300)  # warm-up, not shown
+        FIGURES.pop()
         print(over_http(url, 1, args.requests))
         for clients in (8, 32):
             print(over_http(url, clients, args.requests // clients))
@@ -185,6 +231,9 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=20)
+    command = shlex.join([".venv/bin/python", "bench/predictor_latency.py", *sys.argv[1:]])
+    where = append_record({**stamp(command), "kind": "latency", "figures": FIGURES})
+    print(f"recorded in {where} (`chunkpilot results` renders docs/performance.md)")
 
 
 if __name__ == "__main__":

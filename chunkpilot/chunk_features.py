@@ -24,12 +24,15 @@ CHUNK = [
 ]
 NAMES = (*CONFIG, *CHUNK)
 COLUMNS = {name: FEATURES.index(name) for name in CONFIG}
+_CONFIG = list(COLUMNS.values())
 _EAGER, _SPLIT, _SHIFT = ATTN_CODES["eager"], ATTN_CODES["split"], LAYOUT_CODES["shift"]
 
 
 def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
     """[chunks, NAMES]: `config` [chunks, FEATURES] is each chunk's config row."""
-    col = {name: config[:, j] for name, j in COLUMNS.items()}
+    # a request's chunks share one config: its values as scalars cost a fraction of columns' arithmetic
+    shared = len(config) > 0 and bool((config == config[0]).all())
+    col = {name: config[0, j] if shared else config[:, j] for name, j in COLUMNS.items()}
     window = np.where(col["has_window"] > 0, col["window"], np.inf)
     layers, heads, hd = col["num_layers"], col["num_heads"], col["head_dim"]
     local = layers * col["local_fraction"]
@@ -60,4 +63,8 @@ def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarr
     masked = (local * masked_local + (layers - local) * masked_global) / layers  # share of layers with a mask
     mask_mib = q * (local * masked_local * keys_local + (layers - local) * masked_global * keys_global) * 4 / 2**20
     chunk = [q, h, keys, (linear + attention) / 1e9, heads * q * keys * 4 / 2**20, masked, mask_mib, compute_ms, base]
-    return np.column_stack([config[:, list(COLUMNS.values())], *chunk])
+    out = np.empty((len(q), len(NAMES)))
+    out[:, : len(CONFIG)] = config[:, _CONFIG]
+    for j, column in enumerate(chunk, len(CONFIG)):
+        out[:, j] = column
+    return out

@@ -23,6 +23,7 @@ text format (never a pickle) and `load` reads it back.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from chunkpilot.chunk_features import chunk_features
 from chunkpilot.chunks import chunk_count
 from chunkpilot.contract import SHAPE_COLUMNS, number
 from chunkpilot.features import FEATURES, MONOTONE, RUNTIME, base_log_ms, history_sum, keys_sum
+from estimator.forest import Forest
 
 # 300 trees of 31 leaves: the held-out regret that smaller or slower forests were measured against
 # is in docs/training.md, with its command
@@ -94,45 +96,49 @@ def expand(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return owner, np.minimum(c[owner], n[owner] - h), h.astype(float)
 
 
-SAMPLED = 8  # full chunks of a plan priced one by one; beyond that, this many and a linear interpolation
+SAMPLED = 4  # full chunks of a plan priced one by one; beyond that, this many and a linear interpolation
 
 
 @functools.lru_cache(maxsize=4096)
-def _interpolation(full: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """(chunk indices to price, their weights) so that the weighted sum of a plan's `full` chunks'
-    costs equals the sum of the costs interpolated linearly between those indices (exact where the
-    cost is linear in the history, as attention's is): a 16k-token prompt in 64-token chunks costs
-    8 predictions, not 256."""
+def _interpolation(full: int, cut: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(numbers of a plan's chunks to price, their weights) so that the weighted sum of the costs
+    of its `full` chunks equals the sum of the costs interpolated linearly between those chunks
+    (exact where the cost is linear in the history, as attention's is): a 16k-token prompt in
+    64-token chunks costs SAMPLED predictions, not 256. A last chunk `cut` short is priced on its
+    own."""
     if full <= SAMPLED:
-        return tuple(range(full)), (1.0,) * full
-    picks = np.unique(np.round(np.linspace(0, full - 1, SAMPLED)).astype(int))
-    weights = np.zeros(len(picks))
-    for j in range(len(picks) - 1):
-        span = np.arange(picks[j], picks[j + 1])  # the right end belongs to the next segment
-        t = (span - picks[j]) / (picks[j + 1] - picks[j])
-        weights[j] += (1 - t).sum()
-        weights[j + 1] += t.sum()
-    weights[-1] += 1.0
-    return tuple(picks.tolist()), tuple(weights.tolist())
+        picks, weights = list(range(full)), [1.0] * full
+    else:  # SAMPLED chunks evenly spread, first and last among them (a step over 1: no two alike)
+        picks = [round(i * (full - 1) / (SAMPLED - 1)) for i in range(SAMPLED)]
+        # a segment of L chunks from one pick to the next (the next's own excluded) weighs chunk s
+        # by 1 - s/L on its left end and s/L on its right: (L + 1)/2 and (L - 1)/2 in all
+        weights = [0.0] * SAMPLED
+        for j, span in enumerate(b - a for a, b in itertools.pairwise(picks)):
+            weights[j] += (span + 1) / 2
+            weights[j + 1] += (span - 1) / 2
+        weights[-1] += 1.0
+    if cut:
+        picks, weights = [*picks, full], [*weights, 1.0]
+    return np.array(picks, dtype=float), np.array(weights)
 
 
 def priced_chunks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What pricing every uniform plan of `x` predicts: (row of `x`, query tokens, history, weight)
-    per priced chunk; the last chunk, when cut short, is priced on its own."""
-    owner, q, h, weight = [], [], [], []
-    for i, (n, c) in enumerate(zip(x[:, _N].tolist(), x[:, _C].tolist(), strict=True)):
-        full, rest = divmod(int(n), int(c))
-        picks, weights = _interpolation(full)
-        owner += [i] * len(picks)
-        q += [c] * len(picks)
-        h += [k * c for k in picks]
-        weight += weights
-        if rest:
-            owner.append(i)
-            q.append(rest)
-            h.append(full * c)
-            weight.append(1.0)
-    return np.array(owner), np.array(q, dtype=float), np.array(h, dtype=float), np.array(weight)
+    per priced chunk, each plan's together, in the order of `x` (each has one at least)."""
+    n, c = x[:, _N], x[:, _C]
+    full, rest = np.divmod(n, c)
+    plans = [_interpolation(f, r > 0) for f, r in zip(full.astype(int).tolist(), rest.tolist(), strict=True)]
+    owner = np.repeat(np.arange(len(x)), [len(k) for k, _ in plans])
+    h = np.concatenate([k for k, _ in plans]) * c[owner]
+    return owner, np.minimum(c[owner], n[owner] - h), h, np.concatenate([w for _, w in plans])
+
+
+def _config_ids(config: np.ndarray) -> np.ndarray:
+    """[rows] an id per distinct row of `config`; a request's rows are all one config, checked
+    first (np.unique over rows costs a tenth of a millisecond)."""
+    if (config == config[0]).all():
+        return np.zeros(len(config), dtype=np.int64)
+    return np.unique(config, axis=0, return_inverse=True)[1].reshape(-1)
 
 
 class CostModel(Protocol):
@@ -146,16 +152,20 @@ class CostModel(Protocol):
 
     def save(self, folder: Path) -> dict: ...
 
+    def compile(self, cache: Path | None = None) -> None:
+        """Predict with native code from now on (estimator.forest), read from or written to `cache`
+        (None: the user's): the same numbers, faster."""
+
 
 @dataclass
 class PerChunk:
     params: dict = field(default_factory=dict)  # LightGBM's, over LGBM
     size: int = MEMBERS
     kind: str = "per-chunk"
-    boosters: list[lgb.Booster] = field(default_factory=list, repr=False)
+    forest: Forest = field(default_factory=Forest, repr=False)
     tokenize_ms_per_token: float = 0.0
     timed: list[int] = field(default_factory=list)  # the backends' codes whose chunks were timed
-    untimed: PerCandidate | None = None  # the other backends' plans, whole; fitted beside the boosters
+    untimed: PerCandidate | None = None  # the other backends' plans, whole; fitted beside the forest
 
     def fit(self, data: Measured) -> None:
         timed = [i for i, ms in enumerate(data.chunk_ms) if ms is not None]
@@ -166,10 +176,11 @@ class PerChunk:
         measured = np.concatenate([np.asarray(data.chunk_ms[i], dtype=float) for i in timed])  # the same order
         features = chunk_features(x[owner], q, h)
         target = np.log(measured) - features[:, -1]
-        self.boosters = []
+        boosters = []
         for seed in range(self.size):
             params, rounds = lgb_params(self.params, seed)
-            self.boosters.append(lgb.train(params, lgb.Dataset(features, target), num_boost_round=rounds))
+            boosters.append(lgb.train(params, lgb.Dataset(features, target), num_boost_round=rounds))
+        self.forest = Forest(boosters)
         self.tokenize_ms_per_token = float(np.median(data.tokenize_ms[timed] / x[:, _N]))
         self.timed = sorted({int(b) for b in x[:, _B]})
         self.untimed = PerCandidate(self.params, self.size)
@@ -178,10 +189,10 @@ class PerChunk:
     def chunk_log_ms(self, config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
         """[members, chunks]: each chunk's log ms; `config` [chunks, FEATURES] is its config row."""
         features = chunk_features(config, q, h)
-        return np.stack([b.predict(features, num_threads=1) for b in self.boosters]) + features[:, -1]
+        return self.forest.predict(features) + features[:, -1]
 
     def members(self, x: np.ndarray, adjust: Adjust | None = None) -> np.ndarray:
-        chunked = np.isin(x[:, _B], self.timed)
+        chunked = (x[:, _B, None] == self.timed).any(1) if self.timed else np.zeros(len(x), dtype=bool)
         if chunked.all():
             return self._summed(x, adjust)
         out = np.empty((self.size, len(x)))
@@ -202,19 +213,26 @@ class PerChunk:
             np.concatenate([q, np.ones_like(n)]),
             np.concatenate([h, n]),
         )
-        config = np.unique(x[:, _CONFIG], axis=0, return_inverse=True)[1].reshape(-1)  # [rows of x] its config's id
+        config = _config_ids(x[:, _CONFIG])  # [rows of x] its config's id
         key = (config[rows] << 42) | (cq.astype(np.int64) << 21) | ch.astype(np.int64)  # q, h < 2**21 (MAX_CONTEXT)
         _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         log_ms = self.chunk_log_ms(x[rows[first]], cq[first], ch[first])[:, inverse]
         chunks, decode = log_ms[:, : len(q)], log_ms[:, len(q) :]  # [K, priced chunks], [K, rows]
         if adjust is not None:
             chunks = chunks + adjust(x[owner], q, h)
-        prefill = np.stack([np.bincount(owner, weights=weight * np.exp(k), minlength=len(x)) for k in chunks])
+        # each plan's priced chunks lie together, in the order of `x`, and a plan has one at least
+        summing = np.zeros((len(q), len(x)))  # [priced chunks, rows]: each chunk's weight in its plan
+        summing[np.arange(len(q)), owner] = weight
+        prefill = np.exp(chunks) @ summing
         return np.log(prefill + np.exp(decode) + self.tokenize_ms_per_token * n)
 
+    def compile(self, cache: Path | None = None) -> None:
+        self.forest.compile(cache)
+        if self.untimed is not None:
+            self.untimed.compile(cache)
+
     def save(self, folder: Path) -> dict:
-        for i, booster in enumerate(self.boosters):
-            booster.save_model(str(folder / f"{self.kind}-{i}.lgb"))
+        self.forest.save(folder, self.kind)
         return {
             "kind": self.kind,
             "params": self.params,
@@ -227,7 +245,7 @@ class PerChunk:
     @classmethod
     def load(cls, folder: Path, saved: dict) -> PerChunk:
         model = cls(saved["params"], saved["size"], tokenize_ms_per_token=saved["tokenize_ms_per_token"])
-        model.boosters = [lgb.Booster(model_file=str(folder / f"{model.kind}-{i}.lgb")) for i in range(model.size)]
+        model.forest = Forest.load(folder, model.kind, model.size)
         model.timed, model.untimed = saved["timed"], PerCandidate.load(folder, saved["untimed"])
         return model
 
@@ -237,30 +255,33 @@ class PerCandidate:
     params: dict = field(default_factory=dict)
     size: int = MEMBERS
     kind: str = "per-candidate"
-    boosters: list[lgb.Booster] = field(default_factory=list, repr=False)
+    forest: Forest = field(default_factory=Forest, repr=False)
 
     def fit(self, data: Measured) -> None:
         target = np.log(data.ttft_ms) - base_log_ms(data.x)
-        self.boosters = []
+        boosters = []
         for seed in range(self.size):
             params, rounds = lgb_params({**self.params, "monotone_constraints": list(MONOTONE)}, seed)
             dataset = lgb.Dataset(data.x, target, feature_name=list(FEATURES))
-            self.boosters.append(lgb.train(params, dataset, num_boost_round=rounds))
+            boosters.append(lgb.train(params, dataset, num_boost_round=rounds))
+        self.forest = Forest(boosters)
 
     def members(self, x: np.ndarray, adjust: Adjust | None = None) -> np.ndarray:
         if adjust is not None:
             raise ValueError("the per-candidate model predicts whole plans: a per-chunk correction cannot apply")
-        return np.stack([b.predict(x, num_threads=1) for b in self.boosters]) + base_log_ms(x)
+        return self.forest.predict(x) + base_log_ms(x)
+
+    def compile(self, cache: Path | None = None) -> None:
+        self.forest.compile(cache)
 
     def save(self, folder: Path) -> dict:
-        for i, booster in enumerate(self.boosters):
-            booster.save_model(str(folder / f"{self.kind}-{i}.lgb"))
+        self.forest.save(folder, self.kind)
         return {"kind": self.kind, "params": self.params, "size": self.size}
 
     @classmethod
     def load(cls, folder: Path, saved: dict) -> PerCandidate:
         model = cls(saved["params"], saved["size"])
-        model.boosters = [lgb.Booster(model_file=str(folder / f"{model.kind}-{i}.lgb")) for i in range(model.size)]
+        model.forest = Forest.load(folder, model.kind, model.size)
         return model
 
 
@@ -304,6 +325,9 @@ class Analytic:
             raise ValueError("the analytic fit predicts whole plans: a per-chunk correction cannot apply")
         coef = np.array([self.coef.get(key, self.coef[""]) for key in self._keys(x)])  # [rows, 4]
         return np.log(np.maximum((self._terms(x) * coef).sum(1), 1e-3))[None]
+
+    def compile(self, cache: Path | None = None) -> None:
+        pass  # a closed form: nothing to compile
 
     def save(self, folder: Path) -> dict:
         (folder / f"{self.kind}.json").write_text(json.dumps(self.coef))

@@ -38,7 +38,7 @@ def terms(x: np.ndarray) -> np.ndarray:
     sinks and global tokens; llama.cpp
     sizes its batch and its cells up to PAD. A bf16 matmul on a CPU repacks its weight: the largest
     (the vocabulary's) is held twice while it runs."""
-    col = {name: x[:, i] for name, i in _col.items()}
+    col = _Columns(x)
     padded = col["backend"] == LLAMA_CPP
     n = np.where(padded, np.ceil((col["context_length"] + 1) / PAD) * PAD, col["context_length"])
     c = np.where(padded, np.ceil(col["chunk_size"] / PAD) * PAD, col["chunk_size"])
@@ -64,8 +64,19 @@ def terms(x: np.ndarray) -> np.ndarray:
         ],
         axis=1,
     )
-    out[padded] *= LLAMA_CPP_TERMS  # its buffers are sized once, by the graph: no activations kept apart
+    if padded.any():
+        out[padded] *= LLAMA_CPP_TERMS  # its buffers are sized once, by the graph: no activations kept apart
     return out
+
+
+class _Columns:
+    """x's columns by feature name, each taken when asked for (a dozen of FEATURES' forty)."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.x[:, _col[name]]
 
 
 # llama.cpp's context holds its KV cells, the largest chunk's scores and mask, and the logits of a
@@ -74,7 +85,11 @@ LLAMA_CPP_TERMS = np.array([name in ("kv", "scores", "mask", "logits") for name 
 
 
 def _kind(x: np.ndarray) -> list[str]:
-    return [f"{int(b)}/{int(k)}" for b, k in zip(x[:, _col["backend"]], x[:, _col["attn_impl"]], strict=True)]
+    """[rows] each row's "backend/kernel" codes (a request's rows share theirs: named once)."""
+    codes = x[:, [_col["backend"], _col["attn_impl"]]].astype(int)
+    if len(codes) and (codes == codes[0]).all():
+        return [f"{codes[0, 0]}/{codes[0, 1]}"] * len(x)
+    return [f"{b}/{k}" for b, k in codes.tolist()]
 
 
 def _fit(t: np.ndarray, mib: np.ndarray) -> np.ndarray:
@@ -128,8 +143,10 @@ class MemoryModel:
 
     def predict_bytes(self, x: np.ndarray) -> np.ndarray:
         """[rows] predicted peak bytes above the loaded model."""
-        t = terms(x)
-        coef = np.array([self.coefficients.get(k, self.pooled) for k in _kind(x)])
+        t, kinds = terms(x), _kind(x)
+        if len(set(kinds)) == 1:  # a request's candidates: one kind, one fit
+            return t @ np.asarray(self.coefficients.get(kinds[0], self.pooled)) * MIB
+        coef = np.array([self.coefficients.get(k, self.pooled) for k in kinds])
         return np.einsum("ij,ij->i", t, coef) * MIB
 
     def fits(self, x: np.ndarray, budget_mb: float) -> np.ndarray:

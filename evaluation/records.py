@@ -1,8 +1,10 @@
-"""Run records: every race (`make demo`, bench/policies.py) and every `chunkpilot train` appends one
-JSON line to results/runs.jsonl (when, commit, machine, command, the prompts' seed, every policy's
-figures). docs/results.md's tables and the README's results table are rendered from them by one
-command, `chunkpilot results`, and tests/test_docs.py fails when the committed pages differ from
-what the records render: a figure in them is never copied by hand."""
+"""Run records: every race (`make demo`, bench/policies.py), every `chunkpilot train` and the
+memory and chunking benches (bench/memory.py, bench/chunking_pays.py) append one JSON line to
+results/runs.jsonl (when, commit, machine, command, the prompts' seed, every figure).
+docs/results.md's tables, the README's results table and the figures of docs/memory.md and
+docs/backends.md are rendered from them by one command, `chunkpilot results`, and
+tests/test_docs.py fails when the committed pages differ from what the records render: a figure in
+them is never copied by hand."""
 
 from __future__ import annotations
 
@@ -107,6 +109,58 @@ def train_record(command: str, metrics: dict[str, dict[str, dict[str, float]]], 
     return {**stamp(command), "kind": "train", "recipe": served, "slices": slices}
 
 
+def memory_record(command: str, report) -> dict:
+    """bench/memory.py's record (training.memory.MemoryReport): the memory model's held-out error
+    over all and per backend and kernel, and each budget's decisions, compliance and TTFT given up."""
+    return {
+        **stamp(command),
+        "kind": "memory",
+        "rows": report.rows,
+        "configs": report.configs,
+        "error": [report.mean_error, report.p95_error],
+        "per_kind": {
+            kind: {"configs": n, "error": [mean, p95], "margin": margin}
+            for kind, (mean, p95, n, margin) in report.per_backend.items()
+        },
+        "budgets": [
+            {
+                "share": b.share,
+                "decisions": b.decisions,
+                "refused": b.refused,
+                "kept": b.kept,
+                "given_up": [b.given_up, b.given_up_p95],
+            }
+            for b in report.budgets
+        ],
+    }
+
+
+def chunking_record(command: str, spec: str, configs) -> dict:
+    """bench/chunking_pays.py's record (its per-config frame, kept whole): per machine, backend and
+    kernel, the configs, the sizes that were best, and each baseline's mean and largest regret."""
+    groups = []
+    for (hardware, backend, kernel), group in configs.groupby(["hardware_id", "backend", "kernel"]):
+        best = group.best.astype(str).value_counts()
+        groups.append(
+            {
+                "hardware_id": hardware,
+                "backend": backend,
+                "kernel": kernel,
+                "configs": len(group),
+                "models": sorted(set(group.model)),
+                "best": {size: int(count) for size, count in best.items()},
+                "spread": float(group.spread.mean()),
+                "regret": {
+                    name: [float(group[name].mean()), float(group[name].max())]
+                    for name in ("one_shot", "default", "best_single")
+                },
+                "single": sorted(set(group.single)),
+            }
+        )
+    every = json.loads(configs.to_json(orient="records"))  # each config's line, plain JSON types
+    return {**stamp(command), "kind": "chunking", "spec": spec, "groups": groups, "configs": every}
+
+
 def append_record(record: dict, path: Path | None = None) -> Path:
     path = path or results_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,7 +235,7 @@ def render_readme(records: Iterable[dict]) -> str:
     """The README's results table: the latest race of each command, model and machine, and the
     latest training's `all` slice of each command."""
     latest: dict[tuple, dict] = {}
-    for r in sorted(records, key=lambda r: r["when"]):
+    for r in sorted((r for r in records if r["kind"] in ("race", "train")), key=lambda r: r["when"]):
         key = (
             (r["kind"], r["command"], r.get("model"), r["hardware_id"])
             if r["kind"] == "race"
@@ -214,12 +268,110 @@ def replace_block(text: str, name: str, block: str) -> str:
     return f"{before}{start}\n{block}\n{end}{after}"
 
 
-PAGES = {Path("docs/results.md"): ("results", render_results), Path("README.md"): ("results", render_readme)}
+def _latest(records: Iterable[dict], kind: str) -> dict | None:
+    return max((r for r in records if r["kind"] == kind), key=lambda r: r["when"], default=None)
+
+
+def _provenance(r: dict) -> str:
+    return f"`{r['command']}` at {r['commit']} on the {_machine_label(r)}, {r['when'][:10]}"
+
+
+def _table(columns: list[str], rows: Iterable[str]) -> list[str]:
+    """A markdown table's lines: its header, its rule and `rows`."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows]
+
+
+def _unrecorded(script: str) -> str:
+    return f"No run recorded yet: run `.venv/bin/python {script}`, then `chunkpilot results`."
+
+
+def render_memory(records: Iterable[dict]) -> str:
+    """docs/memory.md's figures: the latest bench/memory.py record."""
+    r = _latest(records, "memory")
+    if r is None:
+        return _unrecorded("bench/memory.py")
+    mean, p95 = r["error"]
+    kinds = [
+        f"| {kind} | {v['configs']} | {v['error'][0]:.1%} | {v['error'][1]:.1%} | {v['margin']:.1%} |"
+        for kind, v in r["per_kind"].items()
+    ]
+    budgets = [
+        f"| {b['share']:.0%} | {b['decisions']} | {b['refused']} | {b['kept']:.1%} "
+        f"| {b['given_up'][0]:+.1%} / {b['given_up'][1]:+.1%} |"
+        for b in r["budgets"]
+    ]
+    return "\n".join(
+        [
+            f"From {_provenance(r)}:",
+            "",
+            *_table(
+                ["backend, kernel", "configs", "held-out error, mean", "p95", "safety margin"],
+                [*kinds, f"| all ({r['rows']} rows) | {r['configs']} | {mean:.1%} | {p95:.1%} | |"],
+            ),
+            "",
+            *_table(
+                [
+                    "budget (share of one shot's measured peak)",
+                    "decisions",
+                    "refused (no size predicted to fit)",
+                    "measured peak within the budget (target 99%)",
+                    "TTFT given up vs the unconstrained choice, mean / p95",
+                ],
+                budgets,
+            ),
+        ]
+    )
+
+
+def render_chunking(records: Iterable[dict]) -> str:
+    """docs/backends.md's "does chunking pay" table: the latest bench/chunking_pays.py record."""
+    r = _latest(records, "chunking")
+    if r is None:
+        return _unrecorded("bench/chunking_pays.py")
+    rows = []
+    for g in r["groups"]:
+        best = ", ".join(f"{size} ({count})" for size, count in g["best"].items())
+        regret = {name: f"{mean:.1%} ({top:.1%})" for name, (mean, top) in g["regret"].items()}
+        rows.append(
+            f"| `{g['hardware_id']}` | {g['backend']}, {g['kernel']} | {g['configs']} | {best} "
+            f"| {regret['one_shot']} | {regret['default']} | {regret['best_single']}: {', '.join(g['single'])} |"
+        )
+    columns = ["machine", "backend, kernel", "configs", "best size (configs)", "one shot", "backend default"]
+    columns.append("best single size of the spec's rows")
+    intro = f"From {_provenance(r)}; regret against the measured best, mean (max):"
+    return "\n".join([intro, "", *_table(columns, rows)])
+
+
+def render_latency(records: Iterable[dict]) -> str:
+    """docs/performance.md's decision latency table: the latest bench/predictor_latency.py record."""
+    r = _latest(records, "latency")
+    if r is None:
+        return _unrecorded("bench/predictor_latency.py")
+    rows = [
+        f"| {f['path']} | {f['seconds']:.2f} s | |"
+        if "seconds" in f
+        else f"| {f['path']} | {f['p50_ms']:.3f} ms | {f['p99_ms']:.3f} ms |"
+        for f in r["figures"]
+    ]
+    return "\n".join([f"From {_provenance(r)}:", "", *_table(["path", "p50", "p99"], rows)])
+
+
+# page -> its generated blocks, each (name, renderer)
+PAGES = {
+    Path("docs/results.md"): (("results", render_results),),
+    Path("README.md"): (("results", render_readme),),
+    Path("docs/memory.md"): (("memory", render_memory),),
+    Path("docs/backends.md"): (("chunking", render_chunking),),
+    Path("docs/performance.md"): (("latency", render_latency),),
+}
 
 
 def rendered(root: Path, records: list[dict]) -> dict[Path, str]:
     """Each page under `root` as the records render it."""
-    return {
-        root / page: replace_block((root / page).read_text(), name, render(records))
-        for page, (name, render) in PAGES.items()
-    }
+    out = {}
+    for page, blocks in PAGES.items():
+        text = (root / page).read_text()
+        for name, render in blocks:
+            text = replace_block(text, name, render(records))
+        out[root / page] = text
+    return out

@@ -8,8 +8,10 @@ retrain. No torch, no transformers, no pandas in the hot path.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +44,10 @@ from .schedule import best_schedule
 from .settings import BUDGET
 from .table import DecisionTable
 
+log = logging.getLogger(__name__)
 TOP = 5  # candidates returned with their predictions
 TABLE_ENV = "CHUNKPILOT_DECISION_TABLE"  # "0": no decision tables (the tests' servers)
+COMPILE_ENV = "CHUNKPILOT_COMPILED_FORESTS"  # "0": LightGBM's own predictor only (the tests' servers)
 # the members share their training data and its biases, so their spread understates how wrong a
 # predicted gap can be (the held-out TTFT error of docs/training.md): exploring weighs a gap with at
 # least this sd
@@ -68,14 +72,38 @@ class Predictor:
     waits: bool = False  # a challenger waiting to be judged on prefills it has not seen (promotion.settle)
     budget: float = BUDGET  # the share of a TTFT a decision on the request path may cost
     tabled: bool = True  # build decision tables (off: every decision is the recipe's, at its length)
+    compiled: bool = True  # compile the cost model's forests in the background (estimator.forest)
 
     table: DecisionTable = field(init=False, repr=False)
     decision_ms: float = field(init=False, default=0.0)  # what the recipe's own decision costs here (EWMA)
+    compile_s: float | None = field(init=False, default=None)  # how long compiling took; None: not (yet)
+    forests: threading.Thread | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.recipe.cost, PerChunk) and self.recipe.correction is None:
             self.recipe.correction = Correction()
         self.table = DecisionTable(self.exact_answers, self.tabled)
+        if self.compiled:  # until it is done, LightGBM's predictor answers: the same numbers, slower
+            self.forests = threading.Thread(target=self._compile, name="compile-forests", daemon=True)
+            self.forests.start()
+
+    @property
+    def forest_state(self) -> str:
+        """The forests: "compiled", "compiling" (LightGBM's predictor answers meanwhile), "failed" or "off"."""
+        if self.forests is None:
+            return "off"
+        if self.compile_s is not None:
+            return "compiled"
+        return "compiling" if self.forests.is_alive() else "failed"
+
+    def _compile(self) -> None:
+        start = time.perf_counter()
+        try:
+            self.recipe.cost.compile()
+        except Exception as exc:  # noqa: BLE001 - a compiler's failure costs speed, never an answer
+            log.warning("compiling the cost model's forests failed (%s): LightGBM's predictor answers", exc)
+            return
+        self.compile_s = time.perf_counter() - start
 
     def answer(self, request: ChunkRequest) -> Answer:
         """The decision table's answer (predictor.table); where its segment is not built yet the
@@ -242,7 +270,12 @@ def smoke_request(hardware: dict) -> ChunkRequest:
 
 
 def load_predictor(
-    tracking_uri: str, name: str, alias: str, budget: float = BUDGET, tabled: bool | None = None
+    tracking_uri: str,
+    name: str,
+    alias: str,
+    budget: float = BUDGET,
+    tabled: bool | None = None,
+    compiled: bool | None = None,
 ) -> Predictor:
     """The registered recipe behind `name@alias` plus its hardware table, checked on a smoke request
     before it may serve (its downloaded files are gone once it is loaded)."""
@@ -265,7 +298,9 @@ def load_predictor(
     }
     if tabled is None:  # the service's and the in-process engine's switch alike
         tabled = os.environ.get(TABLE_ENV, "1") != "0"
-    predictor = Predictor(stored.version, recipe, stored.hardware, info, stored.waits, budget, tabled)
+    if compiled is None:
+        compiled = os.environ.get(COMPILE_ENV, "1") != "0"
+    predictor = Predictor(stored.version, recipe, stored.hardware, info, stored.waits, budget, tabled, compiled)
     predictor.exact_answer(smoke_request(stored.hardware))
     return predictor
 

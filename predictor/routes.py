@@ -69,7 +69,13 @@ async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
 
 @router.get("/v1/model", responses={503: {}})
 async def model_info(service: Ready) -> ModelInfo:
-    return ModelInfo(**service.predictor.info, decision_table=service.predictor.table.summary())
+    predictor = service.predictor
+    return ModelInfo(
+        **predictor.info,
+        decision_table=predictor.table.summary(),
+        forests=predictor.forest_state,
+        forests_compile_s=predictor.compile_s,
+    )
 
 
 @router.get("/livez")

@@ -4,7 +4,7 @@ the readiness. Every field says what it is: the OpenAPI page at /docs shows it."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -63,6 +63,12 @@ class ModelInfo(BaseModel):
     )
     learnt_from_prefills: int = Field(0, description="prefills this machine's correction learnt from since loading")
     decision_table: TableSummary = Field(description="the decision tables' state")
+    forests: Literal["compiled", "compiling", "failed", "off"] = Field(
+        "off",
+        description="the cost model's forests as native code (compiled once per machine and model, then "
+        "cached): while compiling, or off or failed, LightGBM's own predictor answers, the same numbers slower",
+    )
+    forests_compile_s: float | None = Field(None, description="how long compiling (or reading the cache) took")
 
 
 class Readiness(BaseModel):

@@ -24,6 +24,8 @@ os.environ.setdefault("CHUNKPILOT_DECISION_BUDGET", "1")
 # and no decision tables are built behind them: seconds of a core per kind of request, against the
 # tests' own timings (tests/test_table.py builds and checks them)
 os.environ.setdefault("CHUNKPILOT_DECISION_TABLE", "0")
+# nor are forests compiled behind them (seconds of a core per model; tests/test_forest.py compiles)
+os.environ.setdefault("CHUNKPILOT_COMPILED_FORESTS", "0")
 
 
 @pytest.fixture(scope="session")
