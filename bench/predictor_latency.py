@@ -131,6 +131,17 @@ def in_process(n: int) -> None:
     predictor.close()
 
 
+def compiled_forests(url: str) -> None:
+    """Wait until the service has compiled its forests (or read them from the cache)."""
+    import httpx
+
+    deadline = time.monotonic() + 600
+    while httpx.get(f"{url}/v1/model").json()["forests"] == "compiling":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the service did not compile its forests within 10 minutes")
+        time.sleep(1)
+
+
 def built_kinds(url: str) -> None:
     """Ask once per kind, then until each kind answers a new length from its table."""
     import httpx
@@ -215,6 +226,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, server)
+        compiled_forests(url)
         built_kinds(url)
         over_http(url, 1, 300)  # warm-up, not shown
         FIGURES.pop()

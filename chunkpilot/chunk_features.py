@@ -31,7 +31,8 @@ _EAGER, _SPLIT, _SHIFT = ATTN_CODES["eager"], ATTN_CODES["split"], LAYOUT_CODES[
 def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
     """[chunks, NAMES]: `config` [chunks, FEATURES] is each chunk's config row."""
     # a request's chunks share one config: its values as scalars cost a fraction of columns' arithmetic
-    shared = len(config) > 0 and bool((config == config[0]).all())
+    values = config[:, _CONFIG]
+    shared = len(config) > 0 and bool((values == values[0]).all())
     col = {name: config[0, j] if shared else config[:, j] for name, j in COLUMNS.items()}
     window = np.where(col["has_window"] > 0, col["window"], np.inf)
     layers, heads, hd = col["num_layers"], col["num_heads"], col["head_dim"]
@@ -64,7 +65,7 @@ def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarr
     mask_mib = q * (local * masked_local * keys_local + (layers - local) * masked_global * keys_global) * 4 / 2**20
     chunk = [q, h, keys, (linear + attention) / 1e9, heads * q * keys * 4 / 2**20, masked, mask_mib, compute_ms, base]
     out = np.empty((len(q), len(NAMES)))
-    out[:, : len(CONFIG)] = config[:, _CONFIG]
+    out[:, : len(CONFIG)] = values
     for j, column in enumerate(chunk, len(CONFIG)):
         out[:, j] = column
     return out

@@ -1,12 +1,13 @@
-"""`chunkpilot results`: docs/results.md's tables and the README's results table rendered from the
-run records (results/runs.jsonl, evaluation/records.py), never copied by hand."""
+"""`chunkpilot results`: docs/results.md's tables, the README's results table and the figures of
+docs/memory.md, docs/backends.md and docs/performance.md rendered from the run records
+(results/runs.jsonl, evaluation/records.py), never copied by hand."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-HELP = "render docs/results.md and the README's results table from the run records (results/runs.jsonl)"
+HELP = "render the results pages and tables of the docs and the README from the run records (results/runs.jsonl)"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

@@ -125,6 +125,8 @@ def _interpolation(full: int, cut: bool) -> tuple[np.ndarray, np.ndarray]:
 def priced_chunks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What pricing every uniform plan of `x` predicts: (row of `x`, query tokens, history, weight)
     per priced chunk, each plan's together, in the order of `x` (each has one at least)."""
+    if not len(x):
+        return np.zeros(0, dtype=int), np.zeros(0), np.zeros(0), np.zeros(0)
     n, c = x[:, _N], x[:, _C]
     full, rest = np.divmod(n, c)
     plans = [_interpolation(f, r > 0) for f, r in zip(full.astype(int).tolist(), rest.tolist(), strict=True)]
@@ -136,7 +138,7 @@ def priced_chunks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 def _config_ids(config: np.ndarray) -> np.ndarray:
     """[rows] an id per distinct row of `config`; a request's rows are all one config, checked
     first (np.unique over rows costs a tenth of a millisecond)."""
-    if (config == config[0]).all():
+    if len(config) and (config == config[0]).all():
         return np.zeros(len(config), dtype=np.int64)
     return np.unique(config, axis=0, return_inverse=True)[1].reshape(-1)
 
@@ -221,9 +223,10 @@ class PerChunk:
         if adjust is not None:
             chunks = chunks + adjust(x[owner], q, h)
         # each plan's priced chunks lie together, in the order of `x`, and a plan has one at least
-        summing = np.zeros((len(q), len(x)))  # [priced chunks, rows]: each chunk's weight in its plan
-        summing[np.arange(len(q)), owner] = weight
-        prefill = np.exp(chunks) @ summing
+        # each plan's priced chunks lie together, in the order of `x`, and a plan has one at least:
+        # summed plan by plan, in order (a row's sum never depends on its batch)
+        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+        prefill = np.add.reduceat(weight * np.exp(chunks), starts, axis=1)
         return np.log(prefill + np.exp(decode) + self.tokenize_ms_per_token * n)
 
     def compile(self, cache: Path | None = None) -> None:

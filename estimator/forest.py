@@ -1,14 +1,15 @@
 """An ensemble's members predicted together: LightGBM's boosters, or the same trees compiled to
 native code.
 
-A first decision prices about 70 chunks with 5 members of 300 trees: LightGBM's own predictor
-spends about 2.8 of the decision's 4 ms walking them (docs/performance.md). Compiled (lleaves: the
+A first decision prices about 45 chunks with 5 members of 300 trees: LightGBM's own predictor
+spends most of the decision's 3 ms walking them (docs/performance.md). Compiled (lleaves: the
 trees as LLVM machine code for this CPU), the members are one multiclass model whose classes are
-the members, read as raw scores, so one native call prices every member: the same sums to the
-last bits, about twenty times faster. Compiling takes seconds of one core, so it runs once per
-machine and model: the object code is cached under the user's cache (chunkpilot.cache), keyed by the
-trees and this CPU's name and features (a cache shared between machines never runs another CPU's
-code). Training and cross-validation predict with LightGBM; the service compiles in the
+the members, read as raw scores, so one native call prices every member: the same sums to rounding
+(lleaves adds the trees in blocks of 34, LightGBM one by one: about 1e-15 apart), several times
+faster. Compiling takes a minute of one core, so it runs once per machine and model: the object
+code is cached under the user's cache (chunkpilot.cache), keyed by the trees, the compiler's
+versions and this CPU's name and features (a cache shared between machines never runs another
+CPU's code). Training and cross-validation predict with LightGBM; the service compiles in the
 background and swaps the compiled forest in when it is ready (predictor.model).
 """
 
@@ -17,9 +18,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 
 import lightgbm as lgb
@@ -72,34 +76,91 @@ def _host() -> str:
     return f"{llvm.get_host_cpu_name()} {features}"
 
 
+FLAGS = {"raw_score": True}  # lleaves' compile options (the rest its defaults): part of the cache key
+
+
+def _key(text: str) -> str:
+    """The cache's name for these trees compiled by this lleaves and LLVM for this CPU."""
+    tools = f"lleaves {version('lleaves')} llvmlite {version('llvmlite')} {sorted(FLAGS.items())}"
+    return hashlib.sha256(f"{text}\n{_host()}\n{tools}".encode()).hexdigest()[:24]
+
+
+def _probe(features: int) -> np.ndarray:
+    """Rows that walk many paths: what a compiled object must answer as it was compiled to."""
+    return np.outer(np.linspace(0.0, 1.0, 16), np.geomspace(1.0, 1e9, features))
+
+
+def _intact(target: Path) -> bool:
+    """Whether the cached object is there and is the bytes its digest was taken of."""
+    digest = target.with_suffix(".sha256")
+    try:
+        return hashlib.sha256(target.read_bytes()).hexdigest() == digest.read_text().strip()
+    except OSError:
+        return False
+
+
+def _cache(folder: Path | None) -> Path | None:
+    """The cache folder, made if need be; None where it cannot be (a read-only home): no cache."""
+    try:
+        folder = folder or user_cache_dir() / "forests"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    except OSError:
+        return None
+
+
 def compile_forest(boosters: list[lgb.Booster], cache: Path | None = None):
-    """The boosters compiled as one lleaves model of raw scores, from the cache when it holds them."""
+    """The boosters compiled as one lleaves model of raw scores, from the cache when it holds them.
+    A new object enters the cache only once a child process has loaded it and answered the probe
+    as this process does (LLVM aborts the process that loads a damaged object: never this one),
+    with its digest beside it, checked before every later load."""
     import lleaves
 
     text = fused_text(boosters)
-    key = hashlib.sha256(f"{text}\n{_host()}".encode()).hexdigest()[:24]
-    cache = cache or user_cache_dir() / "forests"
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"{key}.o"
     with tempfile.TemporaryDirectory() as tmp:
         model_file = Path(tmp) / "forest.txt"
         model_file.write_text(text)
         model = lleaves.Model(model_file=str(model_file))
-        if target.exists():
-            model.compile(cache=str(target), raw_score=True)
+        folder, key = _cache(cache), _key(text)
+        target = None if folder is None else folder / f"{key}.o"
+        if target is not None and _intact(target):
+            model.compile(cache=str(target), **FLAGS)
             return model
-        # written whole under a private name beside it, then renamed: no reader loads half a file.
         # Trees inlined (lleaves' default): on the Intel Xeon 5e4830eb8869, 5 x 300 trees compile in
         # about 65 s of one core and price a first decision's 45 chunks in 0.43 ms; not inlined, 11 s
         # and 0.58 ms (the small code model would be faster still, but lleaves keeps the large one
         # for forests of a thousand trees and more)
-        partial = cache / f".{key}.{os.getpid()}.{threading.get_ident()}"
-        try:
-            model.compile(cache=str(partial), raw_score=True)
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
+        written = Path(tmp) / "forest.o"
+        model.compile(cache=str(written), **FLAGS)
+        if target is not None and written.exists():
+            probe = _probe(model.num_feature())
+            np.save(Path(tmp) / "probe.npy", probe)
+            np.save(Path(tmp) / "expected.npy", model.predict(probe, n_jobs=1))
+            checked = subprocess.run(
+                [sys.executable, "-m", "estimator.forest", tmp], capture_output=True, timeout=600, check=False
+            )
+            if checked.returncode == 0:
+                partial = folder / f".{key}.{os.getpid()}.{threading.get_ident()}"
+                try:  # whole under a private name beside it, then renamed: no reader loads half a file
+                    partial.write_bytes(written.read_bytes())
+                    os.replace(partial, target)
+                    target.with_suffix(".sha256").write_text(hashlib.sha256(target.read_bytes()).hexdigest())
+                except OSError:  # a full disk: no cache this time, the compiled model serves all the same
+                    pass
+                finally:
+                    partial.unlink(missing_ok=True)
     return model
+
+
+def _check(folder: Path) -> int:
+    """In a child process: load the object compiled in `folder` and answer its probe; 0 if the
+    answers are the compiling process's, bit for bit."""
+    import lleaves
+
+    model = lleaves.Model(model_file=str(folder / "forest.txt"))
+    model.compile(cache=str(folder / "forest.o"), **FLAGS)
+    answered = model.predict(np.load(folder / "probe.npy"), n_jobs=1)
+    return 0 if np.array_equal(answered, np.load(folder / "expected.npy")) else 1
 
 
 @dataclass
@@ -132,3 +193,7 @@ class Forest:
         with self._lock:
             if self.compiled is None and self.boosters:
                 self.compiled = compile_forest(self.boosters, cache)
+
+
+if __name__ == "__main__":
+    sys.exit(_check(Path(sys.argv[1])))

@@ -144,9 +144,10 @@ class MemoryModel:
     def predict_bytes(self, x: np.ndarray) -> np.ndarray:
         """[rows] predicted peak bytes above the loaded model."""
         t, kinds = terms(x), _kind(x)
-        if len(set(kinds)) == 1:  # a request's candidates: one kind, one fit
-            return t @ np.asarray(self.coefficients.get(kinds[0], self.pooled)) * MIB
-        coef = np.array([self.coefficients.get(k, self.pooled) for k in kinds])
+        if len(set(kinds)) == 1:  # a request's candidates: one kind, one fit (the same arithmetic)
+            coef = np.broadcast_to(np.asarray(self.coefficients.get(kinds[0], self.pooled)), t.shape)
+        else:
+            coef = np.array([self.coefficients.get(k, self.pooled) for k in kinds])
         return np.einsum("ij,ij->i", t, coef) * MIB
 
     def fits(self, x: np.ndarray, budget_mb: float) -> np.ndarray:

@@ -72,7 +72,7 @@ class Predictor:
     waits: bool = False  # a challenger waiting to be judged on prefills it has not seen (promotion.settle)
     budget: float = BUDGET  # the share of a TTFT a decision on the request path may cost
     tabled: bool = True  # build decision tables (off: every decision is the recipe's, at its length)
-    compiled: bool = True  # compile the cost model's forests in the background (estimator.forest)
+    compiled: bool = False  # compile the cost model's forests in the background (load_predictor: by default)
 
     table: DecisionTable = field(init=False, repr=False)
     decision_ms: float = field(init=False, default=0.0)  # what the recipe's own decision costs here (EWMA)
@@ -110,17 +110,22 @@ class Predictor:
         recipe decides at this length if that is worth its cost (`affordable`), else the anchor (the
         strongest simple baseline here) answers. A schedule is priced for its own length, always by
         the recipe."""
-        found = self.tabled_answer(request)
+        found = self.tabled_answer(request, queue=False)
         if found is not None:
             return found
-        if request.schedule or request.memory_budget_mb is not None or self.affordable(request):
-            return self.exact_answer(request)
-        return self.anchor_answer(request)
+        if request.schedule or request.memory_budget_mb is not None:
+            return self.exact_answer(request)  # what a table does not hold
+        answer = self.exact_answer(request) if self.affordable(request) else self.anchor_answer(request)
+        self.table.want(request)  # queued once answered: its build never shares the cores with this decision
+        return answer
 
-    def tabled_answer(self, request: ChunkRequest) -> Answer | None:
-        """The table's answer if its segment is built: a lookup, microseconds (None: the kind is
-        queued, or the request asks what a table does not hold: a schedule, a memory budget)."""
-        return None if request.schedule or request.memory_budget_mb is not None else self.table.lookup(request)
+    def tabled_answer(self, request: ChunkRequest, queue: bool = True) -> Answer | None:
+        """The table's answer if its segment is built: a lookup, microseconds (None: the cell is
+        queued unless `queue` is off, or the request asks what a table does not hold: a schedule,
+        a memory budget)."""
+        if request.schedule or request.memory_budget_mb is not None:
+            return None
+        return self.table.lookup(request, queue)
 
     def estimate_ms(self, request: ChunkRequest, chunk: int) -> float:
         """The analytic TTFT of one size (features.base_log_ms): what the budget weighs a decision against."""

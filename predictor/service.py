@@ -152,20 +152,23 @@ class ServiceState:
             ):
                 found = current
             else:
-                found = load_predictor(s.tracking_uri, s.model_name, CHALLENGER, s.decision_budget)
+                # its shadow answers run on LightGBM's predictor: reloaded every poll until it waits,
+                # a challenger would set a compile going each time
+                found = load_predictor(s.tracking_uri, s.model_name, CHALLENGER, s.decision_budget, compiled=False)
         except Exception:  # no challenger (or one that does not load): explore as without one
             return None
         return found if found.waits and int(found.version) > int(champion.version) else None
 
     def answer_at_once(self, request: ChunkRequest) -> ChunkResponse | None:
         """The answer if the champion's table (and a waiting challenger's) holds it: microseconds,
-        for the event loop. None: `answer` must run (milliseconds, in the thread pool)."""
-        pick, challenger = self.predictor.tabled_answer(request), self.challenger
+        for the event loop. None: `answer` must run (milliseconds, in the thread pool; it queues
+        the cell once it has answered)."""
+        pick, challenger = self.predictor.tabled_answer(request, queue=False), self.challenger
         if pick is None:
             return None
         if challenger is None:
             return self._served(request, pick, None)
-        theirs = challenger.tabled_answer(request)
+        theirs = challenger.tabled_answer(request, queue=False)
         return None if theirs is None else self._served(request, pick, theirs.response.chunk_size)
 
     def answer(self, request: ChunkRequest) -> ChunkResponse:

@@ -6,7 +6,8 @@ length; where the two disagree the choice flips inside, and the cell is halved u
 segment's ends agree (chunkpilot.chunks.segments), so that a flip is found where the recipe makes
 it. A segment answers its ends' decision for every length in it, its predicted TTFTs the nearer
 end's scaled by n / end (the lengths of a cell are within 1.1% of each other, a tenth of the
-held-out TTFT error). Training's cross-validation scores exactly this path (training/served.py):
+held-out TTFT error) and every candidate's predicted peak memory interpolated between its
+ends. Training's cross-validation scores exactly this path (training/served.py):
 what is judged is what is served. A cell is built by one background thread when a length in it is
 first asked (a few batched calls of the cost model: milliseconds, so that the first request of a
 kind sets going no more than its own cell on the cores the engine runs on), and a kind's built
@@ -49,15 +50,31 @@ def agree(low: Decided, high: Decided) -> bool:
     return at_a == at_b or (at_a == a and at_b == b)
 
 
+def _peaks(end: int, response: ChunkResponse) -> dict[int | str, float | None]:
+    """Each candidate's predicted peak at `end` by size ("full": the whole prompt)."""
+    return {"full" if c.chunk_size == end else c.chunk_size: c.predicted_peak_mb for c in response.candidates}
+
+
 def answer_at(segment: Segment[Answer], n: int) -> Answer:
     """The segment's answer for a prompt of `n` tokens: its nearer end's, the whole prompt read as
-    n, predictions scaled by n / end."""
+    n, predicted TTFTs scaled by n / end, and each candidate's predicted peak linear between the
+    two ends (exact where the peak grows linearly with the prompt: the KV cache, the keys a chunk
+    scores)."""
     end, held = segment.nearer(n)
     answer = held.response
     f = n / end
+    (a, low), (b, high) = segment.low, segment.high
+    t = 0.0 if a == b else (n - a) / (b - a)
+    at_low, at_high = _peaks(a, low.response), _peaks(b, high.response)
 
     def moved(c: Candidate) -> dict[str, float]:
         return {"chunk_size": n if c.chunk_size == end else c.chunk_size, "predicted_ttft_ms": c.predicted_ttft_ms * f}
+
+    def peaked(c: Candidate) -> dict[str, float | None]:
+        key = "full" if c.chunk_size == end else c.chunk_size
+        p, q = at_low.get(key), at_high.get(key)
+        peak = c.predicted_peak_mb if p is None or q is None else p + t * (q - p)
+        return {**moved(c), "predicted_peak_mb": peak}
 
     response = ChunkResponse.model_validate(  # one validation of plain data: pydantic's fastest way in
         {
@@ -70,6 +87,8 @@ def answer_at(segment: Segment[Answer], n: int) -> Answer:
             "source": "table",
             "deferred": answer.deferred,
             "span": (segment.first, segment.last),
+            "candidates": [peaked(c) for c in answer.candidates],
+            "memory_margin": answer.memory_margin,
         }
     )
     return Answer(response, held.gains)  # relative: the end's hold here
@@ -108,29 +127,24 @@ class DecisionTable:
         self.built_s: deque[float] = deque(maxlen=256)  # seconds per build, the latest (the benchmark reads them)
         self.build_s_total = 0.0  # every build's seconds: what the tables have cost this process's cores
 
-    def lookup(self, request: ChunkRequest) -> Answer | None:
-        """The table's answer for the request, if its cell is built; a cell not built is queued."""
+    def lookup(self, request: ChunkRequest, queue: bool = True) -> Answer | None:
+        """The table's answer for the request, if its cell is built; a cell not built is queued
+        (unless `queue` is off: the caller decides first and queues it after, `want`)."""
         key, n = request.kind(), request.context_length
         kind = self.kinds.get(key)
         found = None if kind is None else kind.segment(n)
         if found is None:
-            self._want(key, request)
+            if queue:
+                self.want(request)
         else:
             kind.asked = True
         return None if found is None else answer_at(found, n)
 
-    def learnt(self) -> None:
-        """The correction changed: the kinds asked about since they were built are rebuilt (their
-        built cells), each at most once per REBUILD_S (telemetry flows with every prefill), their old
-        answers serving until then."""
-        with self.ready:
-            self.generation += 1
-            self.ready.notify()
-
-    def _want(self, key: str, request: ChunkRequest) -> None:
+    def want(self, request: ChunkRequest) -> None:
+        """Queue the request's cell, unless built or queued already."""
         if not self.builds:
             return
-        cell = cell_of(request)
+        key, cell = request.kind(), cell_of(request)
         with self.ready:
             kind = self.kinds.get(key)
             if kind is None:
@@ -143,6 +157,14 @@ class DecisionTable:
             if self.builder is None:
                 self.builder = threading.Thread(target=self._build_forever, name="decision-table", daemon=True)
                 self.builder.start()
+            self.ready.notify()
+
+    def learnt(self) -> None:
+        """The correction changed: the kinds asked about since they were built are rebuilt (their
+        built cells), each at most once per REBUILD_S (telemetry flows with every prefill), their old
+        answers serving until then."""
+        with self.ready:
+            self.generation += 1
             self.ready.notify()
 
     def _next(self) -> tuple[Kind, list[tuple[int, int]], int, bool] | None:

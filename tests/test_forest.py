@@ -87,3 +87,17 @@ def test_a_forest_of_one_member_predicts_one_row_of_members(tmp_path):
     forest.compile(tmp_path)
     assert before.shape == forest.predict(x).shape == (1, 9)
     assert np.allclose(forest.predict(x), before, rtol=0, atol=1e-12)
+
+
+def test_a_damaged_cached_object_is_compiled_again_never_loaded(tmp_path):
+    """LLVM aborts the process that loads a damaged object: the digest beside it is checked first."""
+    members = boosters()
+    Forest(members).compile(tmp_path)
+    (cached,) = tmp_path.glob("*.o")
+    good = cached.read_bytes()
+    cached.write_bytes(good[: len(good) // 2])  # a disk that filled up, a stray write
+    forest = Forest(members)
+    x = np.random.default_rng(3).uniform(0, 100, size=(20, 6))
+    forest.compile(tmp_path)
+    assert np.allclose(forest.predict(x), Forest(members).predict(x), rtol=0, atol=1e-12)
+    assert cached.read_bytes() == good  # checked in a child process, then cached again

@@ -119,6 +119,10 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
         assert answer.source == "table" and answer.span[0] <= n <= answer.span[1]
         assert answer.chunk_size == exact.chunk_size, n
         assert answer.predicted_ttft_ms == pytest.approx(exact.predicted_ttft_ms, rel=0.05)
+        # every candidate, its peak memory interpolated between the segment's ends
+        peaks = {c.chunk_size: c.predicted_peak_mb for c in exact.candidates}
+        assert {c.chunk_size: c.predicted_peak_mb for c in answer.candidates} == pytest.approx(peaks, rel=0.02)
+        assert answer.memory_margin == exact.memory_margin
     # every length of a built cell, flips included: the recipe's own choice, but where the recipe's
     # choice flips back inside a segment whose ends agree: there its two sizes are a near tie
     same = 0
