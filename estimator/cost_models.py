@@ -225,7 +225,7 @@ class PerChunk:
         # each plan's priced chunks lie together, in the order of `x`, and a plan has one at least
         # each plan's priced chunks lie together, in the order of `x`, and a plan has one at least:
         # summed plan by plan, in order (a row's sum never depends on its batch)
-        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+        starts = np.concatenate(([0], np.flatnonzero(owner[1:] != owner[:-1]) + 1))
         prefill = np.add.reduceat(weight * np.exp(chunks), starts, axis=1)
         return np.log(prefill + np.exp(decode) + self.tokenize_ms_per_token * n)
 
