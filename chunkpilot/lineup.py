@@ -65,11 +65,14 @@ class MeasuredConfig:
     window: int | None
     layout: str
 
+    def size(self, spec: Spec) -> int:
+        """The measured size `spec` lands on here (chunkpilot.chunks.landed)."""
+        return landed(self.sizes, applied(spec, self.context_length, self.window, self.layout))
+
     def regret(self, spec: Spec) -> float:
         """The regret of `spec` here: the TTFT of the measured size it lands on over the best."""
         at = dict(zip(self.sizes, self.ttft_ms, strict=True))
-        size = landed(self.sizes, applied(spec, self.context_length, self.window, self.layout))
-        return at[size] / min(self.ttft_ms) - 1
+        return at[self.size(spec)] / min(self.ttft_ms) - 1
 
 
 def mean_regret(spec: Spec, configs: Sequence[MeasuredConfig]) -> float:

@@ -1,12 +1,13 @@
 """Per-config summary of a dataset: the measured best chunk size against fixed 1024 and the hand
-rule, each scored where it lands among the measured sizes (chunkpilot.chunks.landed), as training
-scores them."""
+rule, each scored by the lineup's one judge of a baseline on measured sizes
+(chunkpilot.lineup.MeasuredConfig), as training and the benches score them."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from chunkpilot.chunks import clamp_chunk, landed, rule_candidate
+from chunkpilot.contract import window_column
+from chunkpilot.lineup import MeasuredConfig
 
 
 def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
@@ -17,17 +18,16 @@ def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
     for key, group in df.groupby("config_key", sort=False):
         ttft = dict(zip(group["chunk_size"], group["ttft_ms"], strict=True))
         first = group.iloc[0]
-        n, window = int(first["context_length"]), int(first["window"])  # 0: no window
+        n, window = int(first["context_length"]), window_column(first["window"])
+        measured = MeasuredConfig(list(ttft), list(ttft.values()), n, window, first["layout"])
         best_chunk = min(ttft, key=ttft.get)
         best = ttft[best_chunk]
-        fixed = landed(ttft, clamp_chunk(1024, n, window or None, first["layout"]))
-        rule = rule_candidate(ttft, n, window or None, first["layout"])
         rows.append(
             {
                 "config_key": key,
                 "model": first["model"],
                 "context_length": n,
-                "window": window,
+                "window": window or 0,
                 "layout": first["layout"],
                 "sinks": int(first["sinks"]),
                 "global_tokens": int(first.get("global_tokens") or 0),
@@ -39,10 +39,10 @@ def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:
                 "best_chunk": int(best_chunk),
                 "best_ttft_ms": best,
                 "worst_over_best": max(ttft.values()) / best,
-                "chunk_1024": fixed,
-                "regret_1024": ttft[fixed] / best - 1,
-                "rule_chunk": rule,
-                "regret_rule": ttft[rule] / best - 1,
+                "chunk_1024": measured.size("1024"),
+                "regret_1024": measured.regret("1024"),
+                "rule_chunk": measured.size("rule"),
+                "regret_rule": measured.regret("rule"),
                 "noisy": bool(group["noisy"].any()),
             }
         )
