@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
 MAX_SPANS = 4096  # answers kept per kind of request
 JSON = {"content-type": "application/json"}
-WARM_UP_S = 300.0  # a decision table builds in seconds per kind of request on one core
+# a decision table's cells build in milliseconds; the forests compile in about two minutes of one
+# core, once per machine and model (estimator.forest)
+WARM_UP_S = 300.0
 
 
 @dataclass(frozen=True)

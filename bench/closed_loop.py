@@ -113,6 +113,8 @@ def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = Non
     first decision; the prefills its correction learnt from): the champion, corrected by the outcomes
     in `telemetry` as the service loads it, in this process (no HTTP: the in-process cost)."""
     predictor = load_predictor(uri, MODEL_NAME, CHAMPION)
+    if predictor.forests is not None:  # compiled once per machine and model: a cost of its own (predictor_latency.py)
+        predictor.forests.join()
     learnt = predictor.learn(past_outcomes(telemetry).outcomes) if telemetry is not None else 0
 
     def decide(i: int) -> int:

@@ -348,7 +348,7 @@ def render_latency(records: Iterable[dict]) -> str:
     if r is None:
         return _unrecorded("bench/predictor_latency.py")
     rows = [
-        f"| {f['path']} | {f['seconds']:.2f} s | |"
+        f"| {f['path']} | {f['seconds']:.3g} s | |"
         if "seconds" in f
         else f"| {f['path']} | {f['p50_ms']:.3f} ms | {f['p99_ms']:.3f} ms |"
         for f in r["figures"]
