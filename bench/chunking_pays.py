@@ -68,15 +68,17 @@ def main() -> None:
     pd.set_option("display.width", 200)
     pct = {name: "{:+.1%}".format for name in ("spread", "one_shot", "default", "best_single")}
     print(configs.to_string(index=False, formatters={**pct, "best_ms": "{:.0f}".format, "peak_share": "{:.0%}".format}))
-    print("\nper backend and kernel: mean (max) regret of each baseline over the configs")
-    for (hardware, backend, kernel), group in configs.groupby(["hardware_id", "backend", "kernel"]):
-        said = ", ".join(
-            f"{name} {group[column].mean():.1%} ({group[column].max():.1%})"
-            for name, column in (("one shot", "one_shot"), ("default", "default"), ("best single", "best_single"))
-        )
-        print(f"{hardware} {backend} {kernel}: {len(group)} configs, spread {group.spread.mean():.1%}; {said}")
     command = shlex.join([".venv/bin/python", "bench/chunking_pays.py", *sys.argv[1:]])
-    where = append_record(chunking_record(command, args.spec, configs))
+    record = chunking_record(command, args.spec, configs)
+    print("\nper backend and kernel: mean (max) regret of each baseline over the configs")
+    for g in record["groups"]:
+        said = ", ".join(
+            f"{name} {g['regret'][key][0]:.1%} ({g['regret'][key][1]:.1%})"
+            for name, key in (("one shot", "one_shot"), ("default", "default"), ("best single", "best_single"))
+        )
+        place = f"{g['hardware_id']} {g['backend']} {g['kernel']}"
+        print(f"{place}: {g['configs']} configs, spread {g['spread']:.1%}; {said}")
+    where = append_record(record)
     print(f"recorded in {where} (`chunkpilot results` renders docs/backends.md)")
 
 

@@ -204,7 +204,13 @@ def client(job: tuple) -> list[float]:
 
 
 def over_http(
-    url: str, clients: int, per_client: int, every_ms: float = 0.0, lean: bool = False, schedule: bool = False
+    url: str,
+    clients: int,
+    per_client: int,
+    every_ms: float = 0.0,
+    lean: bool = False,
+    schedule: bool = False,
+    record: bool = True,
 ) -> str:
     """`clients` processes. every_ms 0: back to back (latency = clients / throughput); else each
     asks on a fixed timetable, spread evenly over the period. `schedule`: ask for chunk schedules."""
@@ -217,7 +223,7 @@ def over_http(
     wall = max(time.time() - start_at, 1e-9)
     mode = f"one request per {every_ms:g} ms each" if every_ms else "back to back"
     who = ("stdlib" if lean else "httpx") + (" + schedule" if schedule else "")
-    said = percentiles(times, f"HTTP {who}, {clients} clients, {mode}")
+    said = percentiles(times, f"HTTP {who}, {clients} clients, {mode}" if record else None)
     return f"HTTP {who:>17}, {clients:>2} clients, {mode:<28} {said}   {len(times) / wall:6.0f} req/s"
 
 
@@ -237,8 +243,7 @@ def main() -> None:
         wait_ready(url, server)
         compiled_forests(url)
         built_kinds(url)
-        over_http(url, 1, 300)  # warm-up, not shown
-        FIGURES.pop()
+        over_http(url, 1, 300, record=False)  # warm-up, not shown
         print(over_http(url, 1, args.requests))
         for clients in (8, 32):
             print(over_http(url, clients, args.requests // clients))

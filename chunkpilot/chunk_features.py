@@ -24,14 +24,14 @@ CHUNK = [
 ]
 NAMES = (*CONFIG, *CHUNK)
 COLUMNS = {name: FEATURES.index(name) for name in CONFIG}
-_CONFIG = list(COLUMNS.values())
+CONFIG_COLUMNS = list(COLUMNS.values())  # their places among FEATURES
 _EAGER, _SPLIT, _SHIFT = ATTN_CODES["eager"], ATTN_CODES["split"], LAYOUT_CODES["shift"]
 
 
 def chunk_features(config: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
     """[chunks, NAMES]: `config` [chunks, FEATURES] is each chunk's config row."""
     # a request's chunks share one config: its values as scalars cost a fraction of columns' arithmetic
-    values = config[:, _CONFIG]
+    values = config[:, CONFIG_COLUMNS]
     shared = len(config) > 0 and bool((values == values[0]).all())
     col = {name: config[0, j] if shared else config[:, j] for name, j in COLUMNS.items()}
     window = np.where(col["has_window"] > 0, col["window"], np.inf)

@@ -34,7 +34,7 @@ from typing import Protocol
 import lightgbm as lgb
 import numpy as np
 
-from chunkpilot.chunk_features import COLUMNS as CHUNK_CONFIG
+from chunkpilot.chunk_features import CONFIG_COLUMNS as _CONFIG  # what a chunk's cost depends on besides q, h
 from chunkpilot.chunk_features import chunk_features
 from chunkpilot.chunks import chunk_count
 from chunkpilot.contract import SHAPE_COLUMNS, number
@@ -54,7 +54,6 @@ LGBM = {
 }
 MEMBERS = 5
 _N, _C, _B = FEATURES.index("context_length"), FEATURES.index("chunk_size"), FEATURES.index("backend")
-_CONFIG = list(CHUNK_CONFIG.values())  # the plan features a chunk's cost depends on besides its q and h
 
 # per chunk: (query tokens, history) -> an additive log-ms correction [chunks] (chunkpilot.correction)
 Adjust = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -222,7 +221,6 @@ class PerChunk:
         chunks, decode = log_ms[:, : len(q)], log_ms[:, len(q) :]  # [K, priced chunks], [K, rows]
         if adjust is not None:
             chunks = chunks + adjust(x[owner], q, h)
-        # each plan's priced chunks lie together, in the order of `x`, and a plan has one at least
         # each plan's priced chunks lie together, in the order of `x`, and a plan has one at least:
         # summed plan by plan, in order (a row's sum never depends on its batch)
         starts = np.concatenate(([0], np.flatnonzero(owner[1:] != owner[:-1]) + 1))

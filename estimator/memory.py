@@ -106,9 +106,12 @@ class MemoryModel:
     )  # per kind: a predicted peak is kept within budget / (1 + it)
     margin: float = MIN_MARGIN  # a kind without rows
 
-    def fit(self, x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray) -> MemoryModel:
+    def fit(
+        self, x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray, rise: np.ndarray | None = None
+    ) -> MemoryModel:
         """Fitted on rows `x` [rows, FEATURES] with their measured peaks (bytes > 0) and config
-        groups; the margin from each group held out in turn."""
+        groups; the margin from each group held out in turn (`rise`: `held_out` of these very rows,
+        where the caller has it already)."""
         mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
         if len(np.unique(groups)) < 2:
             raise ValueError("a memory model needs measured peaks of two configs at least (one to hold out)")
@@ -118,7 +121,7 @@ class MemoryModel:
             for k in sorted(set(kinds))
             if len(np.unique(groups[kinds == k])) >= OWN_FIT
         }
-        rise = self.held_out(x, peak_bytes, groups)
+        rise = held_out(x, peak_bytes, groups) if rise is None else rise
         self.margin = max(MIN_MARGIN, float(np.quantile(rise, 0.99)))
         self.margins = {k: max(MIN_MARGIN, float(np.quantile(rise[kinds == k], 0.99))) for k in sorted(set(kinds))}
         return self
@@ -126,20 +129,6 @@ class MemoryModel:
     def margin_of(self, x: np.ndarray) -> np.ndarray:
         """[rows] the safety margin of each row's backend and kernel."""
         return np.array([self.margins.get(k, self.margin) for k in _kind(x)])
-
-    def held_out(self, x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray) -> np.ndarray:
-        """[rows] measured / predicted - 1, each config predicted by a model fitted without it (a
-        kind with fewer than OWN_FIT configs, its own among them: by the pooled fit without it, as it
-        is served)."""
-        mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
-        out = np.empty(len(x))
-        for g in np.unique(groups):
-            test = groups == g
-            same = (kinds == kinds[test][0]) & ~test
-            own = len(np.unique(groups[same])) + 1 >= OWN_FIT  # as served: its own fit, else the pooled one
-            coef = _fit(t[same], mib[same]) if own else _fit(t[~test], mib[~test])
-            out[test] = mib[test] / np.maximum(t[test] @ coef, 1e-9) - 1
-        return out
 
     def predict_bytes(self, x: np.ndarray) -> np.ndarray:
         """[rows] predicted peak bytes above the loaded model."""
@@ -152,7 +141,7 @@ class MemoryModel:
 
     def fits(self, x: np.ndarray, budget_mb: float) -> np.ndarray:
         """[rows] whether each predicted peak, raised by its margin, stays within `budget_mb`."""
-        return self.predict_bytes(x) * (1 + self.margin_of(x)) <= budget_mb * MIB
+        return within_budget(self.predict_bytes(x) / MIB, self.margin_of(x), budget_mb)
 
     def save(self) -> dict:
         return {
@@ -165,3 +154,24 @@ class MemoryModel:
     @classmethod
     def load(cls, saved: dict) -> MemoryModel:
         return cls(saved["coefficients"], saved["pooled"], saved["margins"], saved["margin"])
+
+
+def held_out(x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """[rows] measured / predicted - 1, each config predicted by a model fitted without it (a
+    kind with fewer than OWN_FIT configs, its own among them: by the pooled fit without it, as it
+    is served)."""
+    mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
+    out = np.empty(len(x))
+    for g in np.unique(groups):
+        test = groups == g
+        same = (kinds == kinds[test][0]) & ~test
+        own = len(np.unique(groups[same])) + 1 >= OWN_FIT  # as served: its own fit, else the pooled one
+        coef = _fit(t[same], mib[same]) if own else _fit(t[~test], mib[~test])
+        out[test] = mib[test] / np.maximum(t[test] @ coef, 1e-9) - 1
+    return out
+
+
+def within_budget(peak_mb: np.ndarray, margin: float | np.ndarray, budget_mb: float) -> np.ndarray:
+    """Whether each predicted peak, raised by its safety margin, stays within the budget: the one
+    rule a budgeted choice keeps."""
+    return peak_mb * (1 + margin) <= budget_mb

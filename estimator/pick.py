@@ -15,6 +15,7 @@ from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, landed, max_chunk
 from chunkpilot.contract import ChunkRequest, Hardware, descriptor_of
 from chunkpilot.features import build
 from chunkpilot.lineup import Baseline, applied
+from estimator.memory import MIB, within_budget
 from estimator.recipe import Choice, Recipe
 
 
@@ -162,7 +163,8 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
         }
     )
     members = recipe.members(x)  # [K, rows]
-    peak_mb = None if memory is None else memory.predict_bytes(x) / 2**20  # [rows]
+    peak_mb = None if memory is None else memory.predict_bytes(x) / MIB  # [rows]
+    margin = None if memory is None else float(memory.margin_of(x[:1])[0])  # one request, one kind: one margin
     starts = np.cumsum([0, *counts]).tolist()
     out: list[Picked | Infeasible] = []
     j = 0  # the next feasible plan's place among the feasible
@@ -174,10 +176,9 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
         rows, j = slice(starts[j], starts[j + 1]), j + 1
         anchored = chunks.index(anchor_size(anchor, request, chunks, n))
         peaks = None if peak_mb is None else peak_mb[rows]
-        margin = None if memory is None else float(memory.margin_of(x[rows][:1])[0])  # one kind: one margin
         fits = None
         if budget is not None:
-            fits = peaks * (1 + margin) <= budget
+            fits = within_budget(peaks, margin, budget)
             if not fits.any():
                 out.append(over_budget(budget, margin, chunks, peaks))
                 continue

@@ -356,22 +356,18 @@ def render_latency(records: Iterable[dict]) -> str:
     return "\n".join([f"From {_provenance(r)}:", "", *_table(["path", "p50", "p99"], rows)])
 
 
-# page -> its generated blocks, each (name, renderer)
-PAGES = {
-    Path("docs/results.md"): (("results", render_results),),
-    Path("README.md"): (("results", render_readme),),
-    Path("docs/memory.md"): (("memory", render_memory),),
-    Path("docs/backends.md"): (("chunking", render_chunking),),
-    Path("docs/performance.md"): (("latency", render_latency),),
+PAGES = {  # page -> its generated block's name and its renderer
+    Path("docs/results.md"): ("results", render_results),
+    Path("README.md"): ("results", render_readme),
+    Path("docs/memory.md"): ("memory", render_memory),
+    Path("docs/backends.md"): ("chunking", render_chunking),
+    Path("docs/performance.md"): ("latency", render_latency),
 }
 
 
 def rendered(root: Path, records: list[dict]) -> dict[Path, str]:
     """Each page under `root` as the records render it."""
-    out = {}
-    for page, blocks in PAGES.items():
-        text = (root / page).read_text()
-        for name, render in blocks:
-            text = replace_block(text, name, render(records))
-        out[root / page] = text
-    return out
+    return {
+        root / page: replace_block((root / page).read_text(), name, render(records))
+        for page, (name, render) in PAGES.items()
+    }

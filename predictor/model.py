@@ -54,6 +54,12 @@ COMPILE_ENV = "CHUNKPILOT_COMPILED_FORESTS"  # "0": LightGBM's own predictor onl
 GAP_SD_FLOOR = 0.03
 
 
+def untabled(request: ChunkRequest) -> bool:
+    """What a decision table does not hold: a schedule (priced per length), a memory budget (the
+    table holds the unconstrained decision); the recipe decides these at their length."""
+    return request.schedule or request.memory_budget_mb is not None
+
+
 def expected_gain(gap: float, sd: float) -> float:
     """E[max(0, -D)] for D ~ N(gap, sd): what measuring a candidate predicted `gap` log ms slower
     than the choice is expected to save, in log ms (the expected improvement of Bayesian optimisation)."""
@@ -110,11 +116,11 @@ class Predictor:
         recipe decides at this length if that is worth its cost (`affordable`), else the anchor (the
         strongest simple baseline here) answers. A schedule is priced for its own length, always by
         the recipe."""
-        found = self.tabled_answer(request, queue=False)
+        if untabled(request):
+            return self.exact_answer(request)
+        found = self.table.lookup(request, queue=False)
         if found is not None:
             return found
-        if request.schedule or request.memory_budget_mb is not None:
-            return self.exact_answer(request)  # what a table does not hold
         answer = self.exact_answer(request) if self.affordable(request) else self.anchor_answer(request)
         self.table.want(request)  # queued once answered: its build never shares the cores with this decision
         return answer
@@ -123,9 +129,7 @@ class Predictor:
         """The table's answer if its segment is built: a lookup, microseconds (None: the cell is
         queued unless `queue` is off, or the request asks what a table does not hold: a schedule,
         a memory budget)."""
-        if request.schedule or request.memory_budget_mb is not None:
-            return None
-        return self.table.lookup(request, queue)
+        return None if untabled(request) else self.table.lookup(request, queue)
 
     def estimate_ms(self, request: ChunkRequest, chunk: int) -> float:
         """The analytic TTFT of one size (features.base_log_ms): what the budget weighs a decision against."""

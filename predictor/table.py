@@ -65,7 +65,8 @@ def answer_at(segment: Segment[Answer], n: int) -> Answer:
     f = n / end
     (a, low), (b, high) = segment.low, segment.high
     t = 0.0 if a == b else (n - a) / (b - a)
-    at_low, at_high = _peaks(a, low.response), _peaks(b, high.response)
+    # no memory side (no margin): no peaks to interpolate, each candidate's stays None
+    at_low, at_high = ({}, {}) if answer.memory_margin is None else (_peaks(a, low.response), _peaks(b, high.response))
 
     def moved(c: Candidate) -> dict[str, float]:
         return {"chunk_size": n if c.chunk_size == end else c.chunk_size, "predicted_ttft_ms": c.predicted_ttft_ms * f}

@@ -21,7 +21,7 @@ import pandas as pd
 
 from chunkpilot.chunks import landed, rule_size
 from chunkpilot.contract import ChunkRequest, window_column
-from estimator.memory import MIB, MemoryModel
+from estimator.memory import MIB, MemoryModel, held_out
 from estimator.pick import Infeasible, pick
 from estimator.recipe import DEFAULT, Recipe
 
@@ -68,8 +68,8 @@ def judge_memory(table: Table, with_budgets: bool = False) -> MemoryReport | Non
         return None
     peak = rows.prefill_memory_bytes.to_numpy(dtype=float)
     groups = rows.group.to_numpy()
-    model = MemoryModel().fit(x, peak, groups)
-    rise = model.held_out(x, peak, groups)  # measured / predicted - 1
+    rise = held_out(x, peak, groups)  # measured / predicted - 1
+    model = MemoryModel().fit(x, peak, groups, rise)
     frame = rows.assign(measured_mb=peak / MIB, predicted_mb=peak / MIB / (1 + rise), rise=rise)
     error = np.abs(rise)
     kinds = frame.backend + "/" + frame.attn_impl
