@@ -22,9 +22,9 @@ import httpx
 from pydantic import ValidationError
 
 from auto.telemetry import Reporter, outcome
-from chunkpilot.contract import ChunkRequest, ChunkResponse, ConfigError, Hardware, Outcome, RequestFeatures
+from chunkpilot.contract import ChunkRequest, ConfigError, Decision, Hardware, Outcome, RequestFeatures
 from chunkpilot.lineup import Baseline, anchor_for, anchor_key
-from engine.policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy, Decision
+from engine.policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy
 from store.registry import CHAMPION, MODEL_NAME
 
 if TYPE_CHECKING:
@@ -38,50 +38,46 @@ JSON = {"content-type": "application/json"}
 WARM_UP_S = 300.0
 
 
-@dataclass(frozen=True)
-class Remembered:
-    """An answer for the lengths first..last of a kind: a size, or `full` (each one's whole prompt)."""
-
-    first: int
-    last: int
-    chunk: int | str
-    schedule: tuple[int, ...] | None
-    at: float  # time.monotonic() when answered
-
-
 @dataclass
 class Answers:
-    """The service's answers per kind of request, each for its span of lengths; one older than
+    """The service's answers per kind of request, each kept with when it came (time.monotonic()) and
+    its span of lengths (its own length where it has none): a whole-prompt answer kept as its span's
+    last length, which `RequestFeatures.clamp` cuts to each length's whole prompt. One older than
     `ttl_s` is stale: it still answers, and is asked again."""
 
     ttl_s: float
-    kinds: dict[str, list[Remembered]] = field(default_factory=dict)  # sorted by first, disjoint
+    kinds: dict[str, list[tuple[Decision, float]]] = field(default_factory=dict)  # sorted by span, disjoint
     lock: threading.Lock = field(default_factory=threading.Lock)  # the background refresh writes too
 
-    def get(self, request: RequestFeatures) -> tuple[Remembered, bool] | None:
+    def get(self, request: RequestFeatures) -> tuple[Decision, bool] | None:
         """(the answer holding the request's length, whether it is stale), or None."""
         n = request.context_length
         with self.lock:
-            spans = self.kinds.get(request.kind(), [])
-            i = bisect.bisect_right(spans, n, key=lambda r: r.first) - 1
-            found = spans[i] if i >= 0 and spans[i].last >= n else None
-        return None if found is None else (found, time.monotonic() - found.at >= self.ttl_s)
+            held = self.kinds.get(request.kind(), [])
+            i = bisect.bisect_right(held, n, key=lambda h: h[0].span[0]) - 1
+            found = held[i] if i >= 0 and held[i][0].span[1] >= n else None
+        return None if found is None else (found[0], time.monotonic() - found[1] >= self.ttl_s)
 
     def forget(self, request: RequestFeatures) -> None:
         """Every answer of the request's kind."""
         with self.lock:
             self.kinds.pop(request.kind(), None)
 
-    def put(self, request: RequestFeatures, answer: Remembered) -> None:
-        """Kept in place of the answers it overlaps (a rebuilt table may draw other segments), and
-        of the kind's oldest past MAX_SPANS (answers for one length each, from a service without
-        tables, would otherwise pile up)."""
+    def put(self, request: RequestFeatures, answer: Decision, at: float | None = None) -> None:
+        """The answer to `request`, kept for its span in place of the answers it overlaps (a rebuilt
+        table may draw other segments), and of the kind's oldest past MAX_SPANS (answers for one
+        length each, from a service without tables, would otherwise pile up)."""
+        n = request.context_length
+        first, last = answer.span or (n, n)
+        kept = answer.model_copy(
+            update={"span": (first, last), "chunk_size": last if answer.chunk_size == n else answer.chunk_size}
+        )
         with self.lock:
-            spans = self.kinds.setdefault(request.kind(), [])
-            spans[:] = [r for r in spans if r.last < answer.first or r.first > answer.last]
-            if len(spans) >= MAX_SPANS:
-                spans.remove(min(spans, key=lambda r: r.at))
-            bisect.insort(spans, answer, key=lambda r: r.first)
+            held = self.kinds.setdefault(request.kind(), [])
+            held[:] = [h for h in held if h[0].span[1] < first or h[0].span[0] > last]
+            if len(held) >= MAX_SPANS:
+                held.remove(min(held, key=lambda h: h[1]))
+            bisect.insort(held, (kept, time.monotonic() if at is None else at), key=lambda h: h[0].span[0])
 
 
 def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) -> ChunkRequest:
@@ -89,20 +85,11 @@ def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) ->
     return ChunkRequest(**dict(request), hardware=hardware, schedule=schedule)
 
 
-def checked_schedule(schedule: list[int] | None, request: RequestFeatures) -> tuple[int, ...] | None:
-    """An answered schedule (its type already checked by ChunkResponse) the engine can run, else
-    ValueError: sizes that fit and sum to the prompt."""
-    if schedule is None:
-        return None
-    request.attention.check_schedule(schedule, request.context_length)
-    return tuple(schedule)
-
-
 _warned = False
 
 
 BUDGET = "memory_budget_mb"
-BUDGET_REFUSALS = ("over_memory_budget", "no_memory_model")  # the model's refusals of a budget (estimator.pick)
+BUDGET_REFUSALS = ("over_memory_budget", "no_memory_model")  # the model's refusals of a budget (estimator.decide)
 
 
 def budget_refused(detail: str) -> ConfigError:
@@ -123,7 +110,7 @@ def fall_back(request: RequestFeatures, reason: str, anchor: Baseline) -> Decisi
         _warned = True
         print(f"chunkpilot: auto fell back to {anchor.name}: {reason}", file=sys.stderr, flush=True)
     size = BaselinePolicy(anchor).decide(request).chunk_size
-    return Decision(size, "fallback", None, f"{reason}; {anchor.name} answered")
+    return Decision(chunk_size=size, source="fallback", reason=f"{reason}; {anchor.name} answered")
 
 
 def _detail(exc: httpx.HTTPStatusError) -> str:
@@ -238,8 +225,7 @@ class AutoPolicy(Observing):
                     self.refresher.submit(self._refresh, request)
                 except RuntimeError:  # closed: the cached answer still answers
                     self.refreshing.discard(request.kind())
-            chunk = request.context_length if found.chunk == "full" else found.chunk
-            return Decision(request.clamp(chunk), "cache", self.version, schedule=found.schedule)
+            return found.model_copy(update={"chunk_size": request.clamp(found.chunk_size), "source": "cache"})
         return self._decide_now(request)
 
     def _refresh(self, request: RequestFeatures) -> None:
@@ -275,19 +261,16 @@ class AutoPolicy(Observing):
                 self.breaker.record(False)
                 self.last_error = failure_reason(exc, self.url, self.timeout_s)
             return fall_back(request, self.last_error, self.anchor(request))
-        n, chunk = request.context_length, answer.chunk_size
-        schedule = None if answer.schedule is None else tuple(answer.schedule)  # checked by _ask
         with self.lock:
             self.breaker.record(True)
-            key = anchor_key(self.hardware.hardware_id, request.backend, request.attn_impl)
-            self.anchors[key] = Baseline(answer.anchor.name, answer.anchor.spec)
+            if answer.anchor is not None:
+                key = anchor_key(self.hardware.hardware_id, request.backend, request.attn_impl)
+                self.anchors[key] = Baseline(answer.anchor.name, answer.anchor.spec)
             if answer.model_version != self.version:  # a promotion: answers of the old model go
                 self.version, self.answers = answer.model_version, Answers(self.cache_ttl_s)
             if not answer.explored:  # an exploration is for this prefill only
-                first, last = answer.span or (n, n)
-                kept = "full" if chunk == n else chunk
-                self.answers.put(request, Remembered(first, last, kept, schedule, time.monotonic()))
-        return Decision(chunk, "service", answer.model_version, explored=answer.explored, schedule=schedule)
+                self.answers.put(request, answer)
+        return answer.model_copy(update={"source": "service"})
 
     def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
         """Wait for the service's compiled forests, and ask about each request until the service
@@ -312,17 +295,18 @@ class AutoPolicy(Observing):
         self.answers = Answers(self.cache_ttl_s)
         return len(requests) - len(waiting)
 
-    def _ask(self, request: RequestFeatures, schedule: bool | None = None) -> ChunkResponse:
+    def _ask(self, request: RequestFeatures, schedule: bool | None = None) -> Decision:
         body = ask(request, self.hardware, self.schedule if schedule is None else schedule).model_dump_json()
         response = self.client.post("/v1/chunk-size", content=body, headers=JSON)
         response.raise_for_status()
-        answer = ChunkResponse.model_validate_json(response.content, strict=True)  # the service's own model
+        answer = Decision.model_validate_json(response.content, strict=True)  # the service's own model
         if not 1 <= answer.chunk_size <= request.max_chunk:
             raise ValueError(f"infeasible chunk {answer.chunk_size} (allowed 1..{request.max_chunk})")
         n, span = request.context_length, answer.span
         if span is not None and not span[0] <= n <= span[1]:
             raise ValueError(f"span {list(span)} does not hold the asked length {n}")
-        checked_schedule(answer.schedule, request)
+        if answer.schedule is not None:  # sizes that fit and sum to the prompt, else ValueError
+            request.attention.check_schedule(answer.schedule, n)
         return answer
 
     def close(self) -> None:
@@ -368,7 +352,7 @@ class InProcessPolicy(Observing):
             self.predictor.forests.join(timeout_s)
         for r in requests:
             self.predictor.tabled_answer(ask(r, self.hardware))  # a miss queues the kind
-        self.predictor.table.wait(max(0.0, end - time.monotonic()))
+        self.predictor.recipe.table.wait(max(0.0, end - time.monotonic()))
         return sum(self.predictor.tabled_answer(ask(r, self.hardware)) is not None for r in requests)
 
     def close(self) -> None:
@@ -376,17 +360,16 @@ class InProcessPolicy(Observing):
         super().close()
 
     def decide(self, request: RequestFeatures) -> Decision:
-        from estimator.pick import Infeasible
+        from estimator.decide import Infeasible
 
         try:
-            answer = self.predictor.answer(ask(request, self.hardware, self.schedule)).response
+            answer = self.predictor.answer(ask(request, self.hardware, self.schedule))
         except (Infeasible, ValueError) as exc:  # the anchor always has an answer, but not to a budget
             if isinstance(exc, Infeasible) and exc.reason in BUDGET_REFUSALS:
                 raise budget_refused(str(exc)) from None
             why = f"the in-process model cannot answer: {str(exc).splitlines()[0]}"
             return fall_back(request, why, self.anchor(request))
-        schedule = None if answer.schedule is None else tuple(answer.schedule)
-        return Decision(answer.chunk_size, "in-process", answer.model_version, schedule=schedule)
+        return answer.model_copy(update={"source": "in-process"})
 
 
 def make_auto(

@@ -13,11 +13,11 @@ import torch
 from transformers import PreTrainedModel
 
 from auto.client import AutoPolicy, InProcessPolicy, auto_at
-from chunkpilot.contract import RequestFeatures
+from chunkpilot.contract import Decision, RequestFeatures
 from engine.backends import own_attention
 from engine.hardware import local_hardware
 from engine.models import DTYPES, shape_of
-from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
+from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy
 
 
 def dtype_name(model: PreTrainedModel) -> str:

@@ -12,17 +12,16 @@ with `n_ubatch` = the chosen size holds (llama-server's `--ubatch-size`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from auto.client import AutoPolicy, InProcessPolicy, auto_at
-from chunkpilot.contract import AttentionConfig, ConfigError, ModelShape, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ConfigError, Decision, ModelShape, RequestFeatures
 from chunkpilot.lineup import applied, backend_default
 from engine.gguf_export import QUANT_OF
 from engine.hardware import local_hardware
 from engine.llama_probe import require
-from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy, Decision
+from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy
 
 FAMILIES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3"}  # GGUF architecture -> the contract's family
 
@@ -108,8 +107,10 @@ def prefill_chunk_size(
     except ConfigError as exc:
         default = backend_default("llama.cpp")
         size = applied(default.spec, context_length, None, "shift")  # llama.cpp attends fully
-        decision = Decision(size, "fallback", reason=f"{exc.field}: {exc.message}; {default.name} answered")
-    return dataclasses.replace(decision, chunk_size=min(decision.chunk_size, largest_chunk(llm)))
+        decision = Decision(
+            chunk_size=size, source="fallback", reason=f"{exc.field}: {exc.message}; {default.name} answered"
+        )
+    return decision.model_copy(update={"chunk_size": min(decision.chunk_size, largest_chunk(llm))})
 
 
 def chunked_eval(

@@ -127,7 +127,7 @@ def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = Non
             threads=threads,
             hardware=hardware,
         )
-        return predictor.answer(request).response.chunk_size
+        return predictor.answer(request).chunk_size
 
     choices = timed(decide, range(len(PROBES)))
     predictor.close()

@@ -78,7 +78,7 @@ async def handling(n: int) -> None:
     async with app.router.lifespan_context(app):
         for i in range(12):  # every kind queued, then built
             await call(app, json.dumps(body(i)).encode())
-        app.state.service.predictor.table.wait(600)
+        app.state.service.predictor.recipe.table.wait(600)
         payloads = [json.dumps(body(i)).encode() for i in range(12, 12 + n)]
         middlewares = list(app.user_middleware)
         for label, kept in (("with its middlewares", middlewares), ("without middlewares", [])):

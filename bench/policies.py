@@ -94,7 +94,7 @@ def main() -> None:
             f"at most {max_rounds} rounds; prompts of seed {seed}: {'; '.join(w.label for w in workloads)}",
             flush=True,
         )
-        table = auto.predictor.table
+        table = auto.predictor.recipe.table
 
         def kind_of(p, engine=engine, hardware=hardware) -> str:
             return ask(engine.request(p.case.context_length, p.case.attention), hardware).kind()

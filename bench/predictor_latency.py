@@ -64,7 +64,7 @@ def timed(answer: Callable, requests: list) -> tuple[list[float], list]:
     times, answers = [], []
     for r in requests:
         t0 = time.perf_counter()
-        answers.append(answer(r).response)
+        answers.append(answer(r))
         times.append((time.perf_counter() - t0) * 1e3)
     return times, answers
 
@@ -106,7 +106,7 @@ def in_process(n: int) -> None:
     # previous kind's cell built first (a build in flight shares the interpreter: the next row)
     first = []
     for i in range(3 * n, 3 * n + 12):
-        predictor.table.wait(60)
+        predictor.recipe.table.wait(60)
         first += timed(predictor.answer, [ChunkRequest.model_validate(body(i))])[0]
     path = "in-process, first sight of a kind (12 kinds: the recipe, now; its cell queued after)"
     print(f"in-process, first sight of a kind        {percentiles(first, path)}")
@@ -115,8 +115,8 @@ def in_process(n: int) -> None:
     path = "in-process, a new cell of each of 12 kinds, back to back (each while the last one's cell builds)"
     print(f"in-process, new cells back to back       {percentiles(crowded, path)}")
     t0 = time.perf_counter()
-    predictor.table.wait(600)
-    built = predictor.table.built_s
+    predictor.recipe.table.wait(600)
+    built = predictor.recipe.table.built_s
     path = "table build per batch of a kind's asked cells, background thread (median)"
     FIGURES.append({"path": path, "seconds": statistics.median(built)})
     print(

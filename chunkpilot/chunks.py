@@ -118,7 +118,7 @@ def feasible_chunks(
 
 # The decision table's resolution: lengths within 1/CELLS of an octave (about 1.1% apart) share a
 # cell, and a cell whose two ends the recipe decides alike answers that decision for every length
-# in it (predictor.table). At 32 a choice flipped twice inside one cell on 1 of 338 configs of the
+# in it (estimator.table). At 32 a choice flipped twice inside one cell on 1 of 338 configs of the
 # shipped data, at 64 on none (tests/test_table.py)
 CELLS = 64
 EXACT_BELOW = 128  # shorter prompts are their own cells: a grid finer than one token gains nothing
@@ -161,7 +161,7 @@ def length_cell(context_length: int, sizes: tuple[int, ...], window: int | None)
 
 
 class Segment(NamedTuple, Generic[T]):
-    """Lengths first..last on which a decision is one (a decision table's entry, predictor.table):
+    """Lengths first..last on which a decision is one (a decision table's entry, estimator.table):
     decided at `low` and at `high`, (length, answer) pairs at or just outside its ends that agree."""
 
     first: int

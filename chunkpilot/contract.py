@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from .chunks import MAX_CONTEXT, chunk_count, clamp_chunk, max_chunk
 
@@ -502,26 +502,33 @@ class Anchor(Candidate):
     spec: str = Field(description="the baseline as `--chunk-size` takes it: a size, 'full', 'rule' or 'simple-rule'")
 
 
-class ChunkResponse(BaseModel):
-    """The service's answer to one request: what it sends and what the engine reads back (the service
-    holds it with what only it reads: predictor.answer.Answer)."""
+# who answered: the service's recipe now (model), its decision table (table) or its anchor while the
+# table builds (anchor); the engine's client: the service, its cache, the model loaded in-process, or
+# the anchor as a fallback; else a policy of the engine's own
+Source = Literal[
+    "model", "table", "anchor", "service", "cache", "in-process", "fallback", "fixed", "full", "rule", "schedule"
+]
+
+
+class Decision(BaseModel):
+    """One chunk decision, one type from the recipe to the engine: the service sends it, the
+    engine's policies return it (the engine's client relabels its `source` with the way it came).
+    A chunk_size equal to the prompt's length is the whole prompt (one shot)."""
+
+    model_config = ConfigDict(frozen=True)
 
     chunk_size: int = Field(description="the chunk size to prefill with, tokens (the prompt's length: one shot)")
-    predicted_ttft_ms: float = Field(description="the TTFT the model predicts with that size, ms")
-    top: list[Candidate] = Field(description="the fastest candidates by the model's prediction, fastest first")
-    rule: Candidate = Field(description="the hand rule's size and the TTFT the model predicts with it")
-    model_version: str = Field(description="the registered model version that answered")
-    anchor: Anchor = Field(description="the strongest simple baseline here, its size and the TTFT predicted with it")
-    source: Literal["model", "table", "anchor"] = Field(
-        description="the recipe decided now (model), its decision table answered (table), or the decision "
-        "budget left it to the anchor while the table builds (anchor)"
+    source: Source = Field(description="who decided, and how it reached the engine")
+    schedule: tuple[int, ...] | None = Field(
+        default=None, description="when asked: chunk sizes in order, by the per-chunk cost model"
     )
+    predicted_ttft_ms: float | None = Field(
+        default=None, description="the TTFT the model predicts with that size, ms (null: no model decided)"
+    )
+    model_version: str | None = Field(default=None, description="the registered model version that answered")
     explored: bool = Field(
         default=False,
         description="a candidate other than the model's pick, measured to learn from (bounded: see /metrics)",
-    )
-    schedule: list[int] | None = Field(
-        default=None, description="when asked: chunk sizes in order, by the per-chunk cost model"
     )
     deferred: bool = Field(
         default=False,
@@ -532,6 +539,16 @@ class ChunkResponse(BaseModel):
         description="the lengths [first, last] of this kind of request the answer holds for (a chunk_size "
         "equal to the length: each one's whole prompt); null: for this length only",
     )
+    reason: str | None = Field(default=None, description="why a fallback fell back")
+    top: list[Candidate] = Field(
+        default_factory=list, description="the fastest candidates by the model's prediction, fastest first"
+    )
+    rule: Candidate | None = Field(
+        default=None, description="the hand rule's size and the TTFT the model predicts with it"
+    )
+    anchor: Anchor | None = Field(
+        default=None, description="the strongest simple baseline here, its size and the TTFT predicted with it"
+    )
     candidates: list[Candidate] = Field(
         default_factory=list,
         description="every feasible candidate, smallest first, with its predicted TTFT and peak memory",
@@ -541,6 +558,8 @@ class ChunkResponse(BaseModel):
         description="the safety margin a predicted peak is raised by before it is held against memory_budget_mb "
         "(the 99th percentile of held-out configs' rise above their prediction); null: no memory side",
     )
+    # what only the service reads, never sent: each other candidate's expected gain (estimator.decide.Gain)
+    _gains: tuple = PrivateAttr(default=())
 
 
 PRESETS: dict[str, ModelShape] = {

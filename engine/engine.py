@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 
 from chunkpilot.chunks import spread_positions, uniform
-from chunkpilot.contract import AttentionConfig, Backend, ConfigError, Hardware, RequestFeatures, number
+from chunkpilot.contract import AttentionConfig, Backend, ConfigError, Decision, Hardware, RequestFeatures, number
 
 from . import runtime
 from .config import EngineConfig
@@ -20,7 +20,7 @@ from .kv_cache import ChunkCache
 from .measure import interleaved
 from .memory import peak_above
 from .models import load_model
-from .policy import ChunkPolicy, Decision
+from .policy import ChunkPolicy
 from .prefill import clock_ms, decode_one_token, prefill
 from .tokenizer import load_tokenizer, synthetic_text
 from .workload import Workload
@@ -70,7 +70,8 @@ class TTFTResult:
     first_logits: torch.Tensor = field(repr=False)  # [V], for exactness checks; not serialised
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "first_logits"}
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("first_logits", "decision")}
+        return {**fields, "decision": self.decision.model_dump(mode="json")}
 
 
 TIMING_FIELDS = ("tokenize_ms", "decision_ms", "prefill_ms", "first_decode_ms", "ttft_ms")

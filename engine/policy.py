@@ -9,23 +9,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chunkpilot.chunks import rule_size, simple_rule
-from chunkpilot.contract import ConfigError, RequestFeatures, number
+from chunkpilot.contract import ConfigError, Decision, RequestFeatures, number
 from chunkpilot.lineup import Baseline, applied
 
 if TYPE_CHECKING:
     from .engine import TTFTResult
 
 DECISION_TIMEOUT_S = 0.05  # `auto` waits this long for the service before a prefill, then its anchor answers
-
-
-@dataclass(frozen=True)
-class Decision:
-    chunk_size: int
-    source: str  # fixed, full, rule; auto: service, cache, in-process, fallback
-    model_version: str | None = None
-    reason: str | None = None  # why a fallback fell back
-    explored: bool = False  # the service answered another candidate than its pick, to learn from it
-    schedule: tuple[int, ...] | None = None  # chunk sizes in order, instead of one size (chunk_size: the first)
 
 
 class ChunkPolicy:
@@ -52,9 +42,9 @@ class FixedPolicy(ChunkPolicy):
 
     def decide(self, request: RequestFeatures) -> Decision:
         if self.capped:
-            return Decision(request.clamp(self.size), "fixed")
+            return Decision(chunk_size=request.clamp(self.size), source="fixed")
         request.attention.check_chunk(self.size)
-        return Decision(self.size, "fixed")
+        return Decision(chunk_size=self.size, source="fixed")
 
 
 @dataclass(frozen=True)
@@ -65,7 +55,7 @@ class FullPolicy(ChunkPolicy):
 
     def decide(self, request: RequestFeatures) -> Decision:
         request.attention.check_chunk(request.context_length)
-        return Decision(request.context_length, "full")
+        return Decision(chunk_size=request.context_length, source="full")
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ class RulePolicy(ChunkPolicy):
 
     def decide(self, request: RequestFeatures) -> Decision:
         att = request.attention
-        return Decision(self.size(request.context_length, att.window, att.layout), "rule")
+        return Decision(chunk_size=self.size(request.context_length, att.window, att.layout), source="rule")
 
 
 SOURCES = {"full": "full", "rule": "rule", "simple-rule": "rule"}  # a baseline's decision source; a size: fixed
@@ -101,7 +91,7 @@ class BaselinePolicy(ChunkPolicy):
         spec, att, n = self.baseline.spec, request.attention, request.context_length
         if self.strict and spec == "full":
             att.check_chunk(n)
-        return Decision(applied(spec, n, att.window, att.layout), SOURCES.get(spec, "fixed"))
+        return Decision(chunk_size=applied(spec, n, att.window, att.layout), source=SOURCES.get(spec, "fixed"))
 
 
 @dataclass(frozen=True)
@@ -119,7 +109,7 @@ class SchedulePolicy(ChunkPolicy):
             chunks.append(min(self.sizes[min(len(chunks), len(self.sizes) - 1)], left))
             left -= chunks[-1]
         request.attention.check_schedule(chunks, request.context_length)
-        return Decision(chunks[0], "schedule", schedule=tuple(chunks))
+        return Decision(chunk_size=chunks[0], source="schedule", schedule=tuple(chunks))
 
 
 def parse_policy(value: str | int) -> ChunkPolicy:

@@ -23,17 +23,21 @@ from pathlib import Path
 import numpy as np
 
 from chunkpilot import chunk_features
+from chunkpilot.contract import ChunkRequest, Decision
 from chunkpilot.correction import Correction
 from chunkpilot.features import FEATURES
 from chunkpilot.lineup import Baseline, MeasuredConfig, anchor_for, anchor_key, fit_anchors
 from estimator.cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
+from estimator.decide import Infeasible, decide_many
 from estimator.memory import MemoryModel
+from estimator.table import DecisionTable, untabled
 
 # what a recipe is trained on: the plan's features and the per-chunk cost model's. A recipe saved
 # with another list (an older ChunkPilot) is refused here and replaced by the promotion gate
 FEATURE_SET = [*FEATURES, *(f"chunk.{name}" for name in chunk_features.NAMES)]
 
 RECIPE_FILE = "recipe.json"
+HARDWARE_FILE = "hardware.json"  # the machines it resolves requests against (absent in older folders: none)
 # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin; 3: anchors;
 # 4: the memory model (estimator.memory), null where no row measured its peak
 FORMAT = 4
@@ -95,27 +99,60 @@ def _var(a: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Recipe:
+    """An estimator as scikit-learn's are: `fit` on measured rows, `decide` a request (its decision
+    table's answer, or at exactly its length). The object cross-validation judges is the object
+    the service and the MLflow model serve."""
+
     name: str
     cost: CostModel
     chooser: Chooser = field(default_factory=Chooser)
     correction: Correction | None = None  # this machine's, learnt from its prefills (per-chunk only)
     anchors: dict[str, Baseline] = field(default_factory=dict)  # chunkpilot.lineup.anchor_key -> its anchor
     memory: MemoryModel | None = None  # each candidate's peak memory (None: no row measured it)
+    # the machines it was trained on: hardware_id -> {"static": {...}, "descriptors": {"dtype/threads":
+    # {...}}}, resolving a request's hardware_id to their own measured descriptors
+    hardware: dict = field(default_factory=dict)
+    version: str | None = None  # the registered model version it serves as (its decisions say so)
+    table: DecisionTable = field(init=False, repr=False, compare=False)  # its decisions by segment of lengths
+
+    def __post_init__(self) -> None:
+        self.table = DecisionTable(self.decide_many)
 
     @property
     def params(self) -> dict:
         """What makes the recipe: two recipes with equal params train to the same model."""
         return {"cost": self.cost.kind, "lgbm": self.cost.params, "members": self.cost.size, "z": self.chooser.z}
 
-    def fit(self, data: Measured, configs: dict[str, list[MeasuredConfig]]) -> Recipe:
+    def fit(self, data: Measured, configs: dict[str, list[MeasuredConfig]], hardware: dict | None = None) -> Recipe:
         """The cost model fitted on `data`; the anchors on `configs` (anchor key -> its configs); the
-        memory model on the rows that measured their peak (two configs at least)."""
+        memory model on the rows that measured their peak (two configs at least); `hardware` the
+        machines' table (training.data.hardware_table) its requests resolve against."""
+        self.hardware = hardware or {}
         self.cost.fit(data)
         self.anchors = fit_anchors(configs)
         measured = None if data.memory_bytes is None else data.memory_bytes > 0
         if measured is not None and len(np.unique(data.groups[measured])) >= 2:
             self.memory = MemoryModel().fit(data.x[measured], data.memory_bytes[measured], data.groups[measured])
         return self
+
+    def decide(self, request: ChunkRequest, tabled: bool = False) -> Decision:
+        """The recipe's decision for `request`: at exactly its length, or (`tabled`) its decision
+        table's, from the segment of lengths its length falls in (the cell built now where it is not
+        yet: the service builds it in the background instead). Infeasible (estimator.decide) when it
+        has none."""
+        if tabled and not untabled(request):
+            found = self.table.lookup(request, queue=False) or self.table.build_now(request)
+            if found is not None:
+                return found
+        (decided,) = decide_many(self, request, [request.context_length])
+        if isinstance(decided, Infeasible):
+            raise decided
+        return decided
+
+    def decide_many(self, request: ChunkRequest, lengths: list[int]) -> list[Decision | Infeasible]:
+        """The recipe's decisions for the request's kind at each of `lengths`, priced in one batch
+        (how a decision table's cells are built): estimator.decide.decide_many."""
+        return decide_many(self, request, lengths)
 
     def anchor(self, hardware_id: str | None, backend: str, attn_impl: str) -> Baseline:
         """The anchor of a request on this machine, backend and kernel (chunkpilot.lineup.anchor_for)."""
@@ -148,7 +185,7 @@ class Recipe:
         self, members: np.ndarray, x: np.ndarray, anchor: int, known: bool = True, fits: np.ndarray | None = None
     ) -> Choice:
         """One config's candidates, `x` [candidates, FEATURES], their members [K, candidates] (a
-        batch's share: estimator.pick.pick_many), the anchor's index among them, whether the model
+        batch's share: estimator.decide.decide_many), the anchor's index among them, whether the model
         `knows` the machine, and which candidates fit a memory budget: the service's call. Without a
         learnt correction or a budget it is exactly cross-validation's `chooser.pick`."""
         if not known:
@@ -177,6 +214,7 @@ class Recipe:
             "memory": None if self.memory is None else self.memory.save(),
         }
         (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
+        (folder / HARDWARE_FILE).write_text(json.dumps(self.hardware, sort_keys=True))
         return folder
 
 
@@ -198,9 +236,10 @@ def load_recipe(folder: Path) -> Recipe:
         )
     anchors = {key: Baseline(*anchor) for key, anchor in saved["anchors"].items()}
     memory = None if saved["memory"] is None else MemoryModel.load(saved["memory"])
-    return Recipe(
-        saved["name"], load_cost_model(Path(folder), saved["cost"]), Chooser(**saved["chooser"]), None, anchors, memory
-    )
+    machines = Path(folder) / HARDWARE_FILE
+    hardware = json.loads(machines.read_text()) if machines.is_file() else {}
+    cost = load_cost_model(Path(folder), saved["cost"])
+    return Recipe(saved["name"], cost, Chooser(**saved["chooser"]), None, anchors, memory, hardware)
 
 
 # the recipes training judges side by side; DEFAULT is the one registered (see the table in docs/training.md)

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator, metrics
 
 from chunkpilot.version import installed_version
-from estimator.pick import Infeasible
+from estimator.decide import Infeasible
 
 from . import routes
 from .service import ServiceMetrics, ServiceState

@@ -1,8 +1,8 @@
 """Bounded exploration: a learner that only sees its own choice never learns it was wrong. The
 service may answer another candidate instead: the waiting challenger's choice where it differs (so
 that the gate can compare the two models on measured prefills, promotion.settle), else the candidate
-whose measurement is expected to gain the most (Answer.gains: the expected improvement over the
-choice under the members' spread of the gap, at least predictor.model.GAP_SD_FLOOR, so a candidate
+whose measurement is expected to gain the most (estimator.decide.Gain: the expected improvement over the
+choice under the members' spread of the gap, at least estimator.decide.GAP_SD_FLOOR, so a candidate
 predicted slightly slower but very uncertain is worth more than a runner-up the ensemble agrees on).
 Either only while the extra TTFT exploring has
 cost so far, by the model's own predictions, stays within `budget` of the TTFT it has served: the
@@ -16,9 +16,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from chunkpilot.contract import ChunkResponse
-
-from .answer import Answer, Gain
+from chunkpilot.contract import Decision
+from estimator.decide import Gain, gains_of
 
 MIN_GAIN = 0.0005  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
 
@@ -37,14 +36,14 @@ class Explorer:
     def spent_share(self) -> float:
         return self.spent_ms / self.served_ms if self.served_ms else 0.0
 
-    def answer(self, held: Answer, n: int, shadow: int | None = None, key: str = "") -> ChunkResponse:
-        """`held`'s response for a prompt of `n` tokens, or another candidate marked explored; `shadow` is the
+    def explore(self, best: Decision, n: int, shadow: int | None = None, key: str = "") -> Decision:
+        """`best` for a prompt of `n` tokens, or another candidate marked explored; `shadow` is the
         waiting challenger's choice, `key` its neighbourhood (correction.neighbourhood)."""
 
         def size(g: Gain) -> int:
             return n if g.chunk_size == "full" else g.chunk_size
 
-        best, gains = held.response, held.gains
+        gains = gains_of(best)
         with self._lock:
             self.served_ms += best.predicted_ttft_ms
             if key in self._last:  # explored last time: this time the choice itself is measured

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from chunkpilot.contract import ChunkRequest, ChunkResponse
+from chunkpilot.contract import ChunkRequest, Decision
 
 from .schemas import BatchRequest, BatchResponse, Feedback, FeedbackResult, ModelInfo, Readiness, ReloadResult
 from .service import ServiceState
@@ -51,20 +51,20 @@ router = APIRouter()
 admin = APIRouter()
 
 
-@router.post("/v1/chunk-size", response_model=ChunkResponse, responses={422: {}, 503: {}})
+@router.post("/v1/chunk-size", response_model=Decision, responses={422: {}, 503: {}})
 async def chunk_size(body: ChunkRequest, service: Ready) -> Response:
     # a table lookup costs microseconds: on the loop, no thread hop; a decision taken now costs
     # milliseconds, in the thread pool, so that the loop keeps answering /livez
-    answer = service.answer_at_once(body)
-    if answer is None:
-        answer = await run_in_threadpool(service.answer, body)
+    decision = service.decide_at_once(body)
+    if decision is None:
+        decision = await run_in_threadpool(service.decide, body)
     # our own model, serialised once: FastAPI would check it against response_model again first
-    return Response(answer.model_dump_json(), media_type="application/json")
+    return Response(decision.model_dump_json(), media_type="application/json")
 
 
 @router.post("/v1/chunk-size/batch", response_model=BatchResponse, responses={422: {}, 503: {}})
 async def chunk_size_batch(body: BatchRequest, service: Ready) -> BatchResponse:
-    return BatchResponse(responses=await run_in_threadpool(lambda: [service.answer(r) for r in body.requests]))
+    return BatchResponse(responses=await run_in_threadpool(lambda: [service.decide(r) for r in body.requests]))
 
 
 @router.get("/v1/model", responses={503: {}})
@@ -72,7 +72,7 @@ async def model_info(service: Ready) -> ModelInfo:
     predictor = service.predictor
     return ModelInfo(
         **predictor.info,
-        decision_table=predictor.table.summary(),
+        decision_table=predictor.recipe.table.summary(),
         forests=predictor.forest_state,
         forests_compile_s=predictor.compile_s,
     )

@@ -1,5 +1,5 @@
 """The service's bodies beyond the one request and its answer (chunkpilot.contract: ChunkRequest,
-ChunkResponse, which the engine parses too): the batch, the feedback, the model's description and
+Decision, which the engine parses too): the batch, the feedback, the model's description and
 the readiness. Every field says what it is: the OpenAPI page at /docs shows it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from chunkpilot.contract import ChunkRequest, ChunkResponse, Contract
+from chunkpilot.contract import ChunkRequest, Contract, Decision
 
 
 class BatchRequest(Contract):
@@ -29,7 +29,7 @@ class FeedbackResult(BaseModel):
 
 
 class BatchResponse(BaseModel):
-    responses: list[ChunkResponse] = Field(description="one answer per request, in the requests' order")
+    responses: list[Decision] = Field(description="one answer per request, in the requests' order")
 
 
 class TableSummary(BaseModel):

@@ -18,15 +18,14 @@ from pydantic import ValidationError
 
 from chunkpilot import plausibility
 from chunkpilot.chunks import DEFAULT_CHUNKS
-from chunkpilot.contract import AttentionConfig, ChunkRequest, ChunkResponse, ConfigError, Hardware, ModelShape, Outcome
+from chunkpilot.contract import AttentionConfig, ChunkRequest, ConfigError, Decision, Hardware, ModelShape, Outcome
 from chunkpilot.correction import neighbourhood
-from estimator.pick import Infeasible
+from estimator.decide import Infeasible
 from store import registry
 from store.dataset import Partition
 from store.fleet import SPEC_TAG, TELEMETRY_EXPERIMENT, Publisher
 from store.registry import CHALLENGER
 
-from .answer import Answer
 from .explore import Explorer
 from .model import Predictor, load_predictor, past_outcomes
 from .schemas import FeedbackResult
@@ -159,9 +158,9 @@ class ServiceState:
             return None
         return found if found.waits and int(found.version) > int(champion.version) else None
 
-    def answer_at_once(self, request: ChunkRequest) -> ChunkResponse | None:
-        """The answer if the champion's table (and a waiting challenger's) holds it: microseconds,
-        for the event loop. None: `answer` must run (milliseconds, in the thread pool; it queues
+    def decide_at_once(self, request: ChunkRequest) -> Decision | None:
+        """The decision if the champion's table (and a waiting challenger's) holds it: microseconds,
+        for the event loop. None: `decide` must run (milliseconds, in the thread pool; it queues
         the cell once it has answered)."""
         pick, challenger = self.predictor.tabled_answer(request, queue=False), self.challenger
         if pick is None:
@@ -169,24 +168,26 @@ class ServiceState:
         if challenger is None:
             return self._served(request, pick, None)
         theirs = challenger.tabled_answer(request, queue=False)
-        return None if theirs is None else self._served(request, pick, theirs.response.chunk_size)
+        return None if theirs is None else self._served(request, pick, theirs.chunk_size)
 
-    def answer(self, request: ChunkRequest) -> ChunkResponse:
+    def decide(self, request: ChunkRequest) -> Decision:
+        """The champion's decision for `request` (predictor.model.Predictor.answer), or the candidate
+        exploring measures instead."""
         pick, challenger = self.predictor.answer(request), self.challenger
         shadow = None
         if challenger is not None and not request.schedule:
             try:
-                shadow = challenger.answer(request).response.chunk_size
+                shadow = challenger.answer(request).chunk_size
             except Infeasible:  # the challenger cannot keep this budget: the champion's answer stands
                 shadow = None
         return self._served(request, pick, shadow)
 
-    def _served(self, request: ChunkRequest, pick: Answer, shadow: int | None) -> ChunkResponse:
+    def _served(self, request: ChunkRequest, pick: Decision, shadow: int | None) -> Decision:
         """The model's own pick, or the one exploring answers instead (decided per answer), counted."""
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
-            answer = pick.response
+            answer = pick
         else:
-            answer = self.explorer.answer(pick, request.context_length, shadow, neighbourhood(request))
+            answer = self.explorer.explore(pick, request.context_length, shadow, neighbourhood(request))
         if answer.explored:
             self.metrics.explored.inc()
         self.metrics.decisions.labels(size_label(answer.chunk_size, request.context_length), answer.source).inc()

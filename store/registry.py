@@ -109,7 +109,7 @@ def model_signature():
     from mlflow.models import ModelSignature
     from mlflow.types.schema import AnyType, ColSpec, Schema
 
-    from estimator.pick import ROW  # numpy and LightGBM: only when a model is logged
+    from estimator.decide import ROW  # numpy and LightGBM: only when a model is logged
 
     inputs = [ColSpec(AnyType(), name, required=f.is_required()) for name, f in ChunkRequest.model_fields.items()]
     outputs = [ColSpec(kind, name) for name, kind in ROW.items()]

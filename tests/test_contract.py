@@ -12,7 +12,7 @@ import pytest
 
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ConfigError, ModelShape
 from chunkpilot.features import INPUT_COLUMNS, build
-from estimator.pick import resolve_hardware
+from estimator.decide import resolve_hardware
 from store.dataset import read_file
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "ttft" / "cpu-shipped"
@@ -111,6 +111,6 @@ def test_every_field_of_the_answer_is_described_in_the_openapi_schema(tmp_path):
 
     app = create_app(Settings(tracking_uri=f"sqlite:///{tmp_path / 'unused.db'}", poll_interval_s=0))
     schemas = app.openapi()["components"]["schemas"]
-    for name in ("ChunkResponse", "Candidate"):
+    for name in ("Decision", "Candidate"):
         undescribed = [field for field, spec in schemas[name]["properties"].items() if "description" not in spec]
         assert not undescribed, (name, undescribed)

@@ -65,12 +65,12 @@ def test_a_served_recipe_decides_the_same_with_compiled_forests(trained_store, t
     compiled = load_predictor(trained_store, "chunk-size-predictor", "champion", compiled=True)
     compiled.forests.join(300)
     assert compiled.compile_s is not None and plain.compile_s is None
-    machine = {"hardware_id": next(iter(plain.hardware))}
+    machine = {"hardware_id": next(iter(plain.recipe.hardware))}
     for n, window in [(700, None), (3000, None), (5000, 1024), (9000, 2048)]:
         ask = ChunkRequest(
             context_length=n, model="llama-tiny", hardware=machine, attention={"window": window, "layout": "shift"}
         )
-        a, b = plain.exact_answer(ask).response, compiled.exact_answer(ask).response
+        a, b = plain.exact_answer(ask), compiled.exact_answer(ask)
         assert a.chunk_size == b.chunk_size
         assert [c.predicted_ttft_ms for c in a.candidates] == pytest.approx(
             [c.predicted_ttft_ms for c in b.candidates], rel=1e-9

@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from auto.hf import auto_policy, chunked_generate, prefill_chunk_size
-from chunkpilot.contract import RequestFeatures
+from chunkpilot.contract import Decision, RequestFeatures
 from cli.processes import free_port
 from engine.models import load_model
-from engine.policy import Decision, RulePolicy
+from engine.policy import RulePolicy
 
 
 @dataclass

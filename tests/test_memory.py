@@ -17,8 +17,8 @@ from chunkpilot.contract import ChunkRequest, ConfigError, Hardware
 from chunkpilot.features import build
 from engine.policy import FixedPolicy
 from engine.workload import Workload
+from estimator.decide import Infeasible
 from estimator.memory import MIB, MIN_MARGIN, TERMS, MemoryModel, terms
-from estimator.pick import Infeasible, pick
 
 HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
 FRESH = textwrap.dedent(
@@ -98,13 +98,13 @@ def test_a_budget_takes_the_fastest_size_predicted_to_fit(served):
     under a budget between the smallest and the largest, the answer is a size that fits with the
     margin, the fastest predicted of those, and every size it offers fits too."""
     request = ChunkRequest(context_length=3000, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
-    free = served.exact_answer(request).response  # the recipe at this length: every candidate priced
+    free = served.exact_answer(request)  # the recipe at this length: every candidate priced
     peaks = {c.chunk_size: c.predicted_peak_mb for c in free.candidates}
     margin = free.memory_margin
     assert margin >= MIN_MARGIN and all(p > 0 for p in peaks.values())
     assert peaks[3000] > peaks[min(peaks)]  # one shot holds more than the smallest chunk
     budget = (peaks[min(peaks)] + peaks[3000]) / 2 * (1 + margin)
-    answer = served.answer(request.model_copy(update={"memory_budget_mb": budget})).response
+    answer = served.answer(request.model_copy(update={"memory_budget_mb": budget}))
     fitting = [c for c in answer.candidates if c.predicted_peak_mb * (1 + margin) <= budget]
     assert peaks[answer.chunk_size] * (1 + margin) <= budget < peaks[3000] * (1 + margin)
     assert answer.source == "model" and all(c.chunk_size in {f.chunk_size for f in fitting} for c in answer.top)
@@ -114,42 +114,42 @@ def test_a_budget_takes_the_fastest_size_predicted_to_fit(served):
 
 def test_a_schedule_asked_with_a_budget_holds_no_chunk_above_the_largest_size_that_fits(served):
     request = ChunkRequest(context_length=3000, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
-    free = served.exact_answer(request).response
+    free = served.exact_answer(request)
     peaks, margin = {c.chunk_size: c.predicted_peak_mb for c in free.candidates}, free.memory_margin
     budget = (peaks[min(peaks)] + peaks[3000]) / 2 * (1 + margin)
     fitting = [size for size, peak in peaks.items() if peak * (1 + margin) <= budget]
-    answer = served.answer(request.model_copy(update={"memory_budget_mb": budget, "schedule": True})).response
+    answer = served.answer(request.model_copy(update={"memory_budget_mb": budget, "schedule": True}))
     assert answer.schedule is not None and sum(answer.schedule) == 3000 and max(answer.schedule) <= max(fitting)
 
 
 def test_a_budget_no_size_fits_is_refused_naming_the_field_and_what_would_fit(served):
     request = ChunkRequest(context_length=3000, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
-    smallest = min(c.predicted_peak_mb for c in served.exact_answer(request).response.candidates)
+    smallest = min(c.predicted_peak_mb for c in served.exact_answer(request).candidates)
     with pytest.raises(Infeasible, match=r"^memory_budget_mb: .*smallest predicted peak is") as refused:
         served.answer(request.model_copy(update={"memory_budget_mb": smallest / 2}))
     assert refused.value.reason == "over_memory_budget"
 
 
 def test_judged_offline_served_and_the_mlflow_model_agree_under_a_budget(served, trained_store):
-    """The offline judge (training/memory.py asks estimator.pick.pick), the service's answer and the
+    """The offline judge (training/memory.py asks Recipe.decide), the service's answer and the
     registered MLflow model make one choice for each budget, refusals included."""
     import mlflow
     import pandas as pd
 
     request = ChunkRequest(context_length=2500, model="llama-tiny", threads=2, hardware=Hardware(**HARDWARE))
-    peaks = sorted(c.predicted_peak_mb for c in served.exact_answer(request).response.candidates)
+    peaks = sorted(c.predicted_peak_mb for c in served.exact_answer(request).candidates)
     mlflow.set_tracking_uri(trained_store)
     model = mlflow.pyfunc.load_model("models:/chunk-size-predictor@champion")
     for budget in (peaks[0] / 2, peaks[0] * 1.2, peaks[len(peaks) // 2] * 1.2, peaks[-1] * 2):
         asked = request.model_copy(update={"memory_budget_mb": budget})
         try:
-            judged = pick(served.recipe, served.hardware, asked)
+            judged = served.recipe.decide(asked)
         except Infeasible:
             with pytest.raises(Infeasible, match="memory_budget_mb"):
                 served.answer(asked)
             continue
-        size = judged.chunks[judged.choice.index]
-        assert served.answer(asked).response.chunk_size == size
+        size = judged.chunk_size
+        assert served.answer(asked).chunk_size == size
         row = {**json.loads(asked.model_dump_json()), "hardware": HARDWARE}
         assert model.predict(pd.DataFrame([row])).chunk_size.iloc[0] == size
 

@@ -19,8 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from servers import free_port, isolated_python, serve, wait_until
 
-from auto.client import Answers, AutoPolicy, Breaker, InProcessPolicy, Remembered
-from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
+from auto.client import Answers, AutoPolicy, Breaker, InProcessPolicy
+from chunkpilot.contract import PRESETS, AttentionConfig, Decision, Hardware, RequestFeatures
 from cli.processes import answers
 from engine.workload import Workload
 from predictor.app import create_app
@@ -85,7 +85,7 @@ def test_every_field_the_service_takes_or_answers_is_described_in_its_openapi_sc
         if not spec.get("description")
     }
     assert undescribed == set()
-    assert {"ChunkRequest", "ChunkResponse", "ModelInfo", "Readiness", "TableSummary"} <= set(schemas)
+    assert {"ChunkRequest", "Decision", "ModelInfo", "Readiness", "TableSummary"} <= set(schemas)
     assert schemas["Readiness"]["properties"]["ready"]["description"] == "whether decisions are answered"
 
 
@@ -188,23 +188,29 @@ def test_auto_asks_once_per_length_or_table_segment_then_uses_its_cache(server):
     first, second, other = policy.decide(features(3000)), policy.decide(features(3000)), policy.decide(features(8000))
     assert (first.source, second.source, other.source) == ("service", "cache", "service")
     assert first.model_version == "1" and first.chunk_size == second.chunk_size
-    # an answer from the service's decision table holds for its span: `full` as each prompt's own length
-    policy.answers.put(features(3000), Remembered(2990, 3010, "full", None, time.monotonic()))
+    # an answer from the service's decision table holds for its span: the whole prompt as each one's
+    # own length (a ring of 512 cuts it to its window)
+    policy.answers.put(features(3000), tabled(3000, (2990, 3010)))
     assert (policy.decide(features(3001)).chunk_size, policy.decide(features(3001)).source) == (512, "cache")
     assert policy.decide(features(3011)).source == "service"  # past the span: asked
-    wide = features(3001, None, "shift")
-    policy.answers.put(wide, Remembered(2990, 3010, "full", None, time.monotonic()))
-    assert policy.decide(wide).chunk_size == 3001
+    wide = features(3000, None, "shift")
+    policy.answers.put(wide, tabled(3000, (2990, 3010)))
+    assert [policy.decide(features(n, None, "shift")).chunk_size for n in (2990, 3001, 3010)] == [2990, 3001, 3010]
+
+
+def tabled(chunk: int, span: tuple[int, int]) -> Decision:
+    """A table's answer as the service sends it (its own fields only: the cache reads no others)."""
+    return Decision(chunk_size=chunk, source="table", span=span, model_version="1")
 
 
 def test_cached_answers_replace_those_they_overlap_and_grow_stale():
     """Unit test, no service: the cache alone."""
     answers, now = Answers(ttl_s=5.0), time.monotonic()
-    answers.put(features(3000), Remembered(2990, 3010, 512, None, now))
-    answers.put(features(3000), Remembered(3005, 3020, 256, None, now))  # a rebuilt table's other segment
-    assert answers.get(features(3000)) is None and answers.get(features(3006))[0].chunk == 256
+    answers.put(features(3000), tabled(512, (2990, 3010)), now)
+    answers.put(features(3006), tabled(256, (3005, 3020)), now)  # a rebuilt table's other segment
+    assert answers.get(features(3000)) is None and answers.get(features(3006))[0].chunk_size == 256
     assert answers.get(features(3006, None, "shift")) is None  # another kind
-    answers.put(features(4000), Remembered(4000, 4000, 384, None, now - 6.0))
+    answers.put(features(4000), Decision(chunk_size=384, source="model"), now - 6.0)  # no span: its length only
     assert answers.get(features(4000))[1] and not answers.get(features(3006))[1]  # past its time: stale, still held
 
 
@@ -213,11 +219,11 @@ def test_a_stale_answer_answers_at_once_and_is_asked_again_in_the_background(ser
     the cache, microseconds), and the service is asked again behind it."""
     policy = AutoPolicy(server, 2.0, Hardware(**HARDWARE), cache_ttl_s=0.0)  # every answer stale at once
     first = policy.decide(features(3000))
-    answered_at = policy.answers.get(features(3000))[0].at
+    held = policy.answers.get(features(3000))[0]
     again = policy.decide(features(3000))
     assert (first.source, again.source) == ("service", "cache") and again.chunk_size == first.chunk_size
     policy.refresher.shutdown(wait=True)  # the refresh it started has run
-    assert policy.answers.get(features(3000))[0].at > answered_at and not policy.refreshing
+    assert policy.answers.get(features(3000))[0] is not held and not policy.refreshing  # answered anew
     policy.close()
 
 
@@ -306,11 +312,11 @@ def test_the_served_decision_follows_the_trained_recipe(trained_store):
     def with_z(z: float, margin: float = Chooser.margin):
         return dataclasses.replace(served, recipe=dataclasses.replace(served.recipe, chooser=Chooser(z, margin)))
 
-    profiled = {"hardware_id": next(iter(served.hardware))}  # a machine it never saw gets its anchor
+    profiled = {"hardware_id": next(iter(served.recipe.hardware))}  # a machine it never saw gets its anchor
     request = ChunkRequest.model_validate(body(attention={"window": None}, context_length=6000, hardware=profiled))
-    plain = with_z(0.0, 0.0).answer(request).response
+    plain = with_z(0.0, 0.0).answer(request)
     assert plain.chunk_size == plain.top[0].chunk_size and not plain.deferred  # no z, no margin: the argmin
-    cautious = with_z(1e9).answer(request).response  # no predicted saving is that certain
+    cautious = with_z(1e9).answer(request)  # no predicted saving is that certain
     assert cautious.chunk_size == cautious.anchor.chunk_size  # the strongest simple baseline's size
     assert cautious.deferred == (plain.chunk_size != cautious.anchor.chunk_size)
 

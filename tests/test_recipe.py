@@ -85,11 +85,13 @@ def test_the_recipe_judged_offline_is_the_recipe_served(fold):
 
     table, test, recipe, folder = fold
     offline = choose_groups(recipe, test, table=False).chunks  # the table's agreement: tests/test_table.py
-    served = Predictor("1", load_recipe(folder), hardware_table(table.rows))
+    recipe = load_recipe(folder)
+    recipe.hardware = hardware_table(table.rows)
+    served = Predictor("1", recipe)
     for g, rows in test.rows.groupby("group"):
         sizes = ["full" if full else size for size, full in zip(rows.chunk_size, rows.is_full, strict=True)]
         request = ChunkRequest.from_row(rows.iloc[0].to_dict()).model_copy(update={"candidates": sizes})
-        assert served.exact_answer(request).response.chunk_size == offline[g], g
+        assert served.exact_answer(request).chunk_size == offline[g], g
 
 
 def test_an_old_or_foreign_recipe_folder_is_refused_with_the_reason(fold, tmp_path):

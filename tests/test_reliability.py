@@ -27,7 +27,7 @@ from auto.client import AutoPolicy, Breaker
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, Hardware
 from engine.workload import Workload
-from estimator.pick import Infeasible
+from estimator.decide import Infeasible
 from predictor.app import create_app
 from predictor.model import load_predictor
 from predictor.settings import Settings
@@ -198,7 +198,7 @@ def own_answers(uri: str, bodies: list[dict]) -> dict[tuple[int, str], set[tuple
         MlflowClient(tracking_uri=uri).set_registered_model_alias(MODEL_NAME, f"check-{version}", version)
         predictor = load_predictor(uri, MODEL_NAME, f"check-{version}", budget=1.0, tabled=False)
         for i, b in enumerate(bodies):
-            decision = predictor.answer(ChunkRequest.model_validate(b)).response
+            decision = predictor.answer(ChunkRequest.model_validate(b))
             expected[i, version] = {(decision.chunk_size, decision.predicted_ttft_ms)}
         predictor.close()
     return expected
@@ -374,7 +374,7 @@ def test_any_valid_request_gets_a_feasible_chunk_and_finite_predictions(
     )
     allowed, _ = feasible_chunks(tuple(candidates or DEFAULT_CHUNKS), n, window, attention["layout"])
     try:
-        decision = predictor.answer(request).response
+        decision = predictor.answer(request)
     except Infeasible as exc:
         assert not allowed or str(exc).startswith("model."), str(exc)  # nothing feasible, or an impossible shape
         return

@@ -16,10 +16,10 @@ from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
 from chunkpilot.features import build
 from engine.policy import FixedPolicy
 from engine.workload import Workload
-from estimator.pick import resolve_hardware
+from estimator.decide import resolve_hardware
+from estimator.schedule import search_steps
 from predictor.app import create_app
 from predictor.model import load_predictor
-from predictor.schedule import search_steps
 from predictor.settings import Settings
 from store.registry import CHAMPION, MODEL_NAME
 
@@ -33,10 +33,10 @@ def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(tra
     predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
     assert predictor.info["schedules"]  # the small dataset has per-chunk times
     request = ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE, schedule=True)
-    answer = predictor.answer(request).response
+    answer = predictor.answer(request)
     att = request.attention
     att.check_schedule(answer.schedule, n)  # sizes that fit the layout, summing to the prompt
-    hw = resolve_hardware(predictor.hardware, request.hardware, request.dtype, request.threads)
+    hw = resolve_hardware(predictor.recipe.hardware, request.hardware, request.dtype, request.threads)
     config = build({**request.row(hw), "chunk_size": [n]})
 
     def predicted(schedule: list[int]) -> float:
@@ -47,7 +47,7 @@ def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(tra
     uniform_sizes, _ = search_steps(ranked, n, max_chunk(n, att.window, att.layout))
     assert answer.chunk_size in uniform_sizes or answer.chunk_size >= n
     assert all(predicted(answer.schedule) <= predicted(uniform(n, c)) * (1 + 1e-9) for c in uniform_sizes)
-    assert predictor.answer(request.model_copy(update={"schedule": False})).response.schedule is None  # only when asked
+    assert predictor.answer(request.model_copy(update={"schedule": False})).schedule is None  # only when asked
 
 
 def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store, engines, tmp_path):
@@ -75,7 +75,7 @@ def test_the_search_stays_small_for_any_request(trained_store):
     """Steps and boundaries are capped, so an adversarial request (the longest prompt, one-token
     candidates) cannot make the service slow: it answers without a schedule when even the best
     size would need too many boundaries."""
-    from predictor.schedule import MAX_BOUNDARIES
+    from estimator.schedule import MAX_BOUNDARIES
 
     predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
     n = 1 << 20
@@ -83,7 +83,7 @@ def test_the_search_stays_small_for_any_request(trained_store):
     def ask(candidates):
         return predictor.answer(
             ChunkRequest(context_length=n, model="llama-tiny", hardware=HARDWARE, candidates=candidates, schedule=True)
-        ).response
+        )
 
     assert ask([1, 3]).schedule is None
     assert set(ask([1 << 14, 1 << 15]).schedule) <= {1 << 15, n}  # 16k chunks would need 64 boundaries

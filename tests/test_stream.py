@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from chunkpilot.contract import AttentionConfig, RequestFeatures
+from chunkpilot.contract import AttentionConfig, Decision, RequestFeatures
 from cli import main
-from engine.policy import ChunkPolicy, Decision, RulePolicy
+from engine.policy import ChunkPolicy, RulePolicy
 from engine.stream import stream
 from engine.workload import Workload
 

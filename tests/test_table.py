@@ -100,22 +100,22 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     from predictor.model import load_predictor
 
     predictor = load_predictor(trained_store, "chunk-size-predictor", "champion", tabled=True)
-    machine = {"hardware_id": next(iter(predictor.hardware))}  # a machine the model knows: its own decisions
+    machine = {"hardware_id": next(iter(predictor.recipe.hardware))}  # a machine the model knows: its own decisions
     ask = ChunkRequest(context_length=3000, model="llama-tiny", hardware=machine)
     predictor.decision_ms = 0.0  # deciding costs nothing next to this TTFT (not this host's clock)
-    first = predictor.answer(ask).response  # a new kind: the recipe decides now, its cell builds behind
+    first = predictor.answer(ask)  # a new kind: the recipe decides now, its cell builds behind
     assert (first.source, first.span) == ("model", None)
-    assert predictor.table.wait(120)
-    assert predictor.answer(ask).response.source == "table"
+    assert predictor.recipe.table.wait(120)
+    assert predictor.answer(ask).source == "table"
     # a length of a cell not built yet: decided now, its cell built behind (only what is asked is built)
     lengths = [3001, 2950, 4500, 12_345, 700, *range(2000, 2100)]
-    assert predictor.answer(ask.model_copy(update={"context_length": 12_345})).response.source == "model"
+    assert predictor.answer(ask.model_copy(update={"context_length": 12_345})).source == "model"
     for n in lengths:
         predictor.answer(ask.model_copy(update={"context_length": n}))
-    assert predictor.table.wait(120)
+    assert predictor.recipe.table.wait(120)
     for n in (3001, 2950, 4500, 12_345, 700):
         request = ask.model_copy(update={"context_length": n})
-        answer, exact = predictor.answer(request).response, predictor.exact_answer(request).response
+        answer, exact = predictor.answer(request), predictor.exact_answer(request)
         assert answer.source == "table" and answer.span[0] <= n <= answer.span[1]
         assert answer.chunk_size == exact.chunk_size, n
         assert answer.predicted_ttft_ms == pytest.approx(exact.predicted_ttft_ms, rel=0.05)
@@ -128,7 +128,7 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     same = 0
     for n in range(2000, 2100):
         request = ask.model_copy(update={"context_length": n})
-        answer, exact = predictor.answer(request).response, predictor.exact_answer(request).response
+        answer, exact = predictor.answer(request), predictor.exact_answer(request)
         same += answer.chunk_size == exact.chunk_size
         predicted = {c.chunk_size: c.predicted_ttft_ms for c in exact.top}
         assert predicted.get(answer.chunk_size, math.inf) <= 1.005 * exact.predicted_ttft_ms, n
@@ -136,7 +136,7 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     # a decision that would cost more than its share of the TTFT: a new kind is answered by the anchor,
     # the strongest simple baseline of its machine, backend and kernel
     predictor.decision_ms = 1e6
-    other = predictor.answer(ask.model_copy(update={"threads": 2})).response
+    other = predictor.answer(ask.model_copy(update={"threads": 2}))
     assert (other.source, other.span) == ("anchor", None) and other.chunk_size == other.anchor.chunk_size
     predictor.close()
 

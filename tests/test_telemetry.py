@@ -191,14 +191,13 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
     import math
 
-    from chunkpilot.contract import Anchor, Candidate, ChunkResponse
-    from predictor.answer import Answer, Gain
-    from predictor.model import expected_gain
+    from chunkpilot.contract import Anchor, Candidate, Decision
+    from estimator.decide import Gain, expected_gain, with_gains
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
     gain = expected_gain(math.log(other_ms / best_ms), sd)
     anchor = Anchor(**top[1].model_dump(), name="fixed 768", spec="768")
-    answer = ChunkResponse(
+    answer = Decision(
         chunk_size=512,
         predicted_ttft_ms=best_ms,
         top=top,
@@ -207,32 +206,32 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
         model_version="1",
         source="model",
     )
-    return Answer(answer, (Gain(768, other_ms / best_ms, gain),))
+    return with_gains(answer, (Gain(768, other_ms / best_ms, gain),))
 
 
 def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expected_to_gain():
     from predictor.explore import Explorer
 
     explorer = Explorer(budget=0.01)
-    answers = [explorer.answer(answer_with_runner_up(100.0, 105.0), N) for _ in range(1000)]
+    answers = [explorer.explore(answer_with_runner_up(100.0, 105.0), N) for _ in range(1000)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 1000 and all(a.chunk_size == 768 for a in explored)
     assert explorer.spent_ms == pytest.approx(5.0 * len(explored)) and explorer.spent_share <= 0.01  # the budget holds
     sure = Explorer(budget=0.5)  # the members agree the runner-up is 50% slower: nothing to gain
-    assert not any(sure.answer(answer_with_runner_up(100.0, 150.0, sd=0.02), N).explored for _ in range(100))
+    assert not any(sure.explore(answer_with_runner_up(100.0, 150.0, sd=0.02), N).explored for _ in range(100))
     off = Explorer(budget=0.0)
-    assert not any(off.answer(answer_with_runner_up(100.0, 100.5), N).explored for _ in range(100))
+    assert not any(off.explore(answer_with_runner_up(100.0, 100.5), N).explored for _ in range(100))
 
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
-    from chunkpilot.contract import Anchor, Candidate, ChunkResponse
-    from predictor.answer import Answer, Gain
+    from chunkpilot.contract import Anchor, Candidate, Decision
+    from estimator.decide import Gain, with_gains
     from predictor.explore import Explorer
 
     sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
     # the runner-up (768) is 1% slower but the members agree; 256 is 10% slower but they disagree widely
     anchor = Anchor(**sizes[0].model_dump(), name="hand rule", spec="rule")
-    response = ChunkResponse(
+    response = Decision(
         chunk_size=512,
         predicted_ttft_ms=100.0,
         top=sizes,
@@ -241,10 +240,12 @@ def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
         model_version="1",
         source="model",
     )
-    answer = Answer(response, (Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
-    assert Explorer(budget=0.5).answer(answer, N).chunk_size == 256
-    whole = Answer(response, (Gain("full", 1.1, 0.04),))  # the whole prompt: its length, whatever it is
-    assert Explorer(budget=0.5).answer(whole, N).chunk_size == N
+    answer = with_gains(response, (Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
+    assert Explorer(budget=0.5).explore(answer, N).chunk_size == 256
+    whole = with_gains(
+        response.model_copy(), (Gain("full", 1.1, 0.04),)
+    )  # the whole prompt: its length, whatever it is
+    assert Explorer(budget=0.5).explore(whole, N).chunk_size == N
 
 
 def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget():
@@ -252,13 +253,13 @@ def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget()
 
     explorer = Explorer(budget=0.05)
     # the model is sure (a 30% gap), but a challenger picks the other size: worth measuring, if affordable
-    answers = [explorer.answer(answer_with_runner_up(100.0, 130.0, sd=0.02), N, shadow=768) for _ in range(200)]
+    answers = [explorer.explore(answer_with_runner_up(100.0, 130.0, sd=0.02), N, shadow=768) for _ in range(200)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 200 and all(a.chunk_size == 768 for a in explored)
     assert explorer.spent_share <= 0.05
     agreeing = Explorer(budget=0.5)  # a challenger that agrees (or picks outside the top) changes nothing
     sure = answer_with_runner_up(100.0, 130.0, sd=0.02)
-    assert not any(agreeing.answer(sure, N, shadow=s).explored for s in (512, 64))
+    assert not any(agreeing.explore(sure, N, shadow=s).explored for s in (512, 64))
 
 
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):

@@ -3,7 +3,7 @@ whether budgeted choices kept their budgets, and what a budget costs in TTFT.
 
 The memory model's error: each config predicted by a memory model fitted without it (leave one
 config out). The budgets: the recipe fitted on the other folds' configs (its cost model and its
-memory model both held out) asked about each config as the service asks (estimator.pick.pick, the
+memory model both held out) asked about each config as the service asks (`Recipe.decide`, the
 request carrying `memory_budget_mb`, the candidates its measured sizes), so what is judged is
 what is served. A budget is a share of the config's measured one-shot peak; the budgeted choice
 kept it when its measured peak stayed within it, and gave up its measured TTFT over the recipe's
@@ -21,8 +21,8 @@ import pandas as pd
 
 from chunkpilot.chunks import landed, rule_size
 from chunkpilot.contract import ChunkRequest, window_column
+from estimator.decide import Infeasible
 from estimator.memory import MIB, MemoryModel, held_out
-from estimator.pick import Infeasible, pick
 from estimator.recipe import DEFAULT, Recipe
 
 from .data import Table, hardware_table
@@ -101,18 +101,18 @@ def judge_memory(table: Table, with_budgets: bool = False) -> MemoryReport | Non
 Choices = dict[str, int | None]  # "auto" and "auto, budget 50%"... -> its size (None: refused)
 
 
-def auto_choices(recipe: Recipe, hardware: dict, config: pd.DataFrame, shares: tuple[float, ...] = SHARES) -> Choices:
+def auto_choices(recipe: Recipe, config: pd.DataFrame, shares: tuple[float, ...] = SHARES) -> Choices:
     """The recipe's choice for one config (its measured rows), asked as the service is asked
-    (estimator.pick.pick, the measured sizes as candidates): unconstrained, and under a budget of
+    (`Recipe.decide`, the measured sizes as candidates): unconstrained, and under a budget of
     each share of its measured one-shot peak (none on a ring: it has no one shot)."""
     sizes = ["full" if full else int(c) for c, full in zip(config.chunk_size, config.is_full, strict=True)]
     request = ChunkRequest.from_row(config.iloc[0].to_dict()).model_copy(update={"candidates": sizes})
-    out: Choices = {"auto": pick(recipe, hardware, request).size}
+    out: Choices = {"auto": recipe.decide(request).chunk_size}
     one_shot = config[config.is_full]
     for share in shares if not one_shot.empty else ():
         budget = share * float(one_shot.prefill_memory_bytes.iloc[0]) / MIB
         try:
-            out[label(share)] = pick(recipe, hardware, request.model_copy(update={"memory_budget_mb": budget})).size
+            out[label(share)] = recipe.decide(request.model_copy(update={"memory_budget_mb": budget})).chunk_size
         except Infeasible as exc:
             if exc.reason != "over_memory_budget":
                 raise
@@ -134,8 +134,8 @@ def held_out_choices(table: Table, folds: int = 4) -> dict[str, Choices]:
         held = groups[k::folds]
         with tempfile.TemporaryDirectory(prefix="chunkpilot-memory-") as tmp:
             train = table.subset(np.setdiff1d(table.rows.group.unique(), held))
-            recipe = fit_recipes([DEFAULT], {}, train, Path(tmp))[DEFAULT]
-        out |= {g: auto_choices(recipe, hardware, rows[rows.group == g]) for g in held}
+            recipe = fit_recipes([DEFAULT], {}, train, Path(tmp), hardware)[DEFAULT]
+        out |= {g: auto_choices(recipe, rows[rows.group == g]) for g in held}
     return out
 
 

@@ -1,8 +1,8 @@
 """The registered recipe as an MLflow model that stands alone (pyfunc, logged from this file as
 code, never a pickle, with the packages it imports as `code_paths`): `mlflow.pyfunc.load_model` or
 `mlflow models serve -m models:/chunk-size-predictor@champion` answer a request as the service
-does, by the same estimator.pick.pick at the request's exact length (what the service's
-decision table holds). It carries the bottom package, which imports no torch."""
+does, by the same `Recipe.decide` at the request's exact length (what the service's decision
+table holds). It carries the bottom package, which imports no torch."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from mlflow.exceptions import MlflowException
 from pydantic import ValidationError
 
 from chunkpilot.contract import ChunkRequest, ConfigError
-from estimator.pick import Infeasible, pick
+from estimator.decide import Infeasible, row_of
 from estimator.recipe import load_recipe
 from store.registry import HARDWARE_FILE, RECIPE
 
@@ -41,16 +41,16 @@ def request_of(row: int, record: dict) -> ChunkRequest:
 
 class RecipeModel(mlflow.pyfunc.PythonModel):
     """predict: one request per row (the fields of the service's POST /v1/chunk-size as columns)
-    -> one decision per row (estimator.pick.ROW's columns)."""
+    -> one decision per row (estimator.decide.ROW's columns)."""
 
     def load_context(self, context) -> None:
         self.recipe = load_recipe(Path(context.artifacts[RECIPE]))
-        self.hardware = json.loads(Path(context.artifacts[HARDWARE_FILE]).read_text())
+        self.recipe.hardware = json.loads(Path(context.artifacts[HARDWARE_FILE]).read_text())
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         try:
             rows = [
-                pick(self.recipe, self.hardware, request_of(i, record)).row()
+                row_of(self.recipe.decide(request_of(i, record)))
                 for i, record in enumerate(model_input.to_dict("records"))
             ]
         except (ConfigError, Infeasible) as exc:  # a 400 naming the field, not a traceback

@@ -160,7 +160,7 @@ def _log_model(
     mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
     sizes = json.dumps({k: len(v) for k, v in slices.items()})
     mlflow.log_params({**recipe_description(recipe, described), "slices": sizes})
-    hardware = hardware_table(table.rows)
+    hardware = recipe.hardware
     mlflow.log_dict(hardware, registry.HARDWARE_FILE)
     if trials:
         mlflow.log_dict({"trials": trials}, "search_trials.json")
@@ -178,7 +178,7 @@ def _log_model(
         margins = {f"memory_margin.{kind}": values[3] for kind, values in memory.per_backend.items()}
         mlflow.log_metrics({**errors, **margins, **budgets, **given_up})
         mlflow.log_text(format_memory(memory), "memory.txt")
-        choices = {g: auto_choices(recipe, hardware, rows) for g, rows in memory.frame.groupby("group", sort=False)}
+        choices = {g: auto_choices(recipe, rows) for g, rows in memory.frame.groupby("group", sort=False)}
         figure = pareto_figure(memory.frame, choices)  # the served recipe's own choices (configs it trained on)
         mlflow.log_figure(figure, "memory_pareto.png")
         plots.plt.close(figure)
@@ -262,7 +262,7 @@ def train(
         memory = judge_memory(table)
         progress.say(f"fitting {recipe} on all {len(table.rows)} rows")
         with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
-            final = fit_recipes([recipe], lgbm, table, Path(tmp))[recipe]
+            final = fit_recipes([recipe], lgbm, table, Path(tmp), hardware_table(table.rows))[recipe]
         progress.say("the promotion gate, then logging and registering the model")
         with promotion.one_promoter(tracking_uri()):  # a second retrain on this store judges after this one
             settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), COMPATIBLE)

@@ -1,22 +1,34 @@
-"""One request's pick by a recipe: its feasible candidates, a feature row per candidate on its
-machine (a profiled machine's own descriptors where the model has them), the anchor's and the hand
-rule's sizes among them, and the chooser's pick. The service (predictor.model, `pick_many` for many
-lengths of a kind at once) and the registered MLflow model (training/mlflow_model.py, `pick`) pick
-through the same code, so they answer alike."""
+"""A recipe's decisions for one request: its feasible candidates, a feature row per candidate on
+its machine (a profiled machine's own descriptors where the recipe has them), each priced by the
+cost model with its predicted peak memory, the anchor's and the hand rule's sizes among them, the
+chooser's pick, and the answer as one `Decision` (chunkpilot.contract: the wire's and the engine's
+type) with what only the service reads kept private (exploring's gains). `Recipe.decide` and
+`Recipe.decide_many` (estimator.recipe) are the doors: the service, its decision table
+(estimator.table), the registered MLflow model and training's cross-validation all go through them."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, landed, max_chunk, rule_candidate
-from chunkpilot.contract import ChunkRequest, Hardware, descriptor_of
+from chunkpilot.contract import Anchor, Candidate, ChunkRequest, Decision, Hardware, descriptor_of
 from chunkpilot.features import build
 from chunkpilot.lineup import Baseline, applied
+from estimator.cost_models import PerChunk
 from estimator.memory import MIB, within_budget
-from estimator.recipe import Choice, Recipe
+from estimator.schedule import best_schedule
+
+if TYPE_CHECKING:
+    from estimator.recipe import Choice, Recipe
+
+TOP = 5  # candidates a decision lists with their predictions, fastest first
+# the members share their training data and its biases, so their spread understates how wrong a
+# predicted gap can be (the held-out TTFT error of docs/training.md): exploring weighs a gap with at
+# least this sd
+GAP_SD_FLOOR = 0.03
 
 
 class Infeasible(ValueError):
@@ -87,6 +99,36 @@ def feature_rows(table: dict, request: ChunkRequest, chunks: list[int]) -> np.nd
     return build({**request.row(hw), "chunk_size": chunks})
 
 
+class Gain(NamedTuple):
+    """Another candidate and what measuring it is expected to save, both relative to the choice: what
+    exploring weighs (predictor/explore.py). Relative, so that every length of a table segment shares
+    its end's (a plain tuple: a decision carries a dozen)."""
+
+    chunk_size: int | Literal["full"]  # "full": the whole prompt, whatever its length
+    ratio: float  # its predicted TTFT / the choice's
+    gain: float  # the expected saving of measuring it, as a share of the choice's predicted TTFT
+
+
+def gains_of(decision: Decision) -> tuple[Gain, ...]:
+    """What only the service reads of a decision: every other candidate's gain (none: the anchor's)."""
+    return decision._gains
+
+
+def with_gains(decision: Decision, gains: tuple[Gain, ...]) -> Decision:
+    """`decision` carrying `gains` (private: never sent)."""
+    decision._gains = gains
+    return decision
+
+
+def expected_gain(gap: float, sd: float) -> float:
+    """E[max(0, -D)] for D ~ N(gap, sd): what measuring a candidate predicted `gap` log ms slower
+    than the choice is expected to save, in log ms (the expected improvement of Bayesian optimisation)."""
+    if sd <= 0:
+        return max(0.0, -gap)
+    z = gap / sd
+    return sd * math.exp(-z * z / 2) / math.sqrt(2 * math.pi) - gap * 0.5 * math.erfc(z / math.sqrt(2))
+
+
 # a decision as one row of the registered MLflow model's output: column -> MLflow type
 ROW = {
     "chunk_size": "long",
@@ -99,44 +141,29 @@ ROW = {
 }
 
 
-def request_anchor(recipe: Recipe, request: ChunkRequest) -> Baseline:
-    """The anchor of the request's machine, backend and kernel."""
-    return recipe.anchor(request.hardware.hardware_id, request.backend, request.attn_impl)
+def row_of(decision: Decision) -> dict:
+    """A recipe's decision as the MLflow model answers it (ROW's columns)."""
+    chosen = next(c for c in decision.candidates if c.chunk_size == decision.chunk_size)
+    peak = math.nan if chosen.predicted_peak_mb is None else chosen.predicted_peak_mb
+    values = (
+        decision.chunk_size,
+        decision.predicted_ttft_ms,
+        decision.rule.chunk_size,
+        decision.anchor.chunk_size,
+        decision.anchor.name,
+        decision.deferred,
+        peak,
+    )
+    return dict(zip(ROW, values, strict=True))
 
 
-@dataclass(frozen=True)
-class Picked:
-    chunks: list[int]  # the feasible candidates
-    rule: int  # the hand rule's index among them
-    anchor: Baseline  # the strongest simple baseline here
-    anchored: int  # its index among them (cut to the memory budget, if one is asked)
-    x: np.ndarray  # [candidates, FEATURES]
-    choice: Choice
-    ms: list[float]  # [candidates] predicted TTFT
-    peak_mb: list[float] | None = None  # [candidates] predicted peak memory (None: no memory model)
-    fits: list[bool] | None = None  # [candidates] within the request's memory budget (None: none asked)
-    margin: float | None = None  # the memory model's safety margin for this backend and kernel
-
-    @property
-    def size(self) -> int:
-        """The chosen chunk size."""
-        return self.chunks[self.choice.index]
-
-    def row(self) -> dict:
-        """The decision as the MLflow model answers it (ROW's columns)."""
-        i, rule, anchored = self.choice.index, self.chunks[self.rule], self.chunks[self.anchored]
-        peak = math.nan if self.peak_mb is None else self.peak_mb[i]
-        values = (self.chunks[i], self.ms[i], rule, anchored, self.anchor.name, self.choice.deferred, peak)
-        return dict(zip(ROW, values, strict=True))
-
-
-def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[int]) -> list[Picked | Infeasible]:
+def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> list[Decision | Infeasible]:
     """The recipe's decisions for `request` at each of `lengths` (Infeasible where it has none): one
     feature build and one call of the cost model for them all (a decision table's cells at once),
-    each length's choice exactly what `pick` makes at it (a row's prediction does not depend on its
-    batch)."""
-    hw = resolve_hardware(table, request.hardware, request.dtype, request.threads)
-    anchor = request_anchor(recipe, request)
+    each length's decision exactly what it makes at that length alone (a row's prediction does not
+    depend on its batch)."""
+    hw = resolve_hardware(recipe.hardware, request.hardware, request.dtype, request.threads)
+    anchor = recipe.anchor(request.hardware.hardware_id, request.backend, request.attn_impl)
     known = recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl)
     budget, memory = request.memory_budget_mb, recipe.memory
     if budget is not None and memory is None:
@@ -166,7 +193,7 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
     peak_mb = None if memory is None else memory.predict_bytes(x) / MIB  # [rows]
     margin = None if memory is None else float(memory.margin_of(x[:1])[0])  # one request, one kind: one margin
     starts = np.cumsum([0, *counts]).tolist()
-    out: list[Picked | Infeasible] = []
+    out: list[Decision | Infeasible] = []
     j = 0  # the next feasible plan's place among the feasible
     for plan in plans:
         if isinstance(plan, Infeasible):
@@ -189,21 +216,82 @@ def pick_many(recipe: Recipe, table: dict, request: ChunkRequest, lengths: list[
             out.append(Infeasible("the model predicted a non-finite TTFT for this request", "non_finite"))
             continue
         rule = chunks.index(rule_size(request, chunks, n))
+        peak_list = None if peaks is None else peaks.tolist()
+        fit_list = None if fits is None else fits.tolist()
         out.append(
-            Picked(
-                chunks,
-                rule,
-                anchor,
-                anchored,
-                x[rows],
-                choice,
-                ms,
-                None if peaks is None else peaks.tolist(),
-                None if fits is None else fits.tolist(),
-                margin,
+            _decision(
+                recipe, request, n, chunks, x[rows], choice, ms, rule, anchor, anchored, peak_list, fit_list, margin
             )
         )
     return out
+
+
+def _decision(
+    recipe: Recipe,
+    request: ChunkRequest,
+    n: int,
+    chunks: list[int],
+    x: np.ndarray,  # [candidates, FEATURES]
+    choice: Choice,
+    ms: list[float],  # [candidates] predicted TTFT
+    rule: int,  # the hand rule's index among the candidates
+    anchor: Baseline,
+    anchored: int,  # its index among them (cut to the memory budget, if one is asked)
+    peaks: list[float] | None,  # [candidates] predicted peak MB (None: no memory model)
+    fits: list[bool] | None,  # [candidates] within the memory budget (None: none asked)
+    margin: float | None,  # the memory model's safety margin for this backend and kernel
+) -> Decision:
+    """The choice for a prompt of `n` tokens of the request's kind as a Decision (built unvalidated:
+    every value is the model's own, and a table holds thousands of them)."""
+    best = choice.index
+    allowed = fits or [True] * len(chunks)
+    # a dozen floats: no numpy call; with a memory budget, only the sizes within it
+    order = sorted((i for i in range(len(chunks)) if allowed[i]), key=ms.__getitem__)
+    peaks = peaks or [None] * len(chunks)
+    candidate = [
+        Candidate.model_construct(chunk_size=c, predicted_ttft_ms=m, predicted_peak_mb=p)
+        for c, m, p in zip(chunks, ms, peaks, strict=True)
+    ]
+    gaps = (choice.log_ms - choice.log_ms[best]).tolist()
+    gains = tuple(
+        Gain(
+            "full" if chunks[i] == n else chunks[i],
+            ms[i] / ms[best],
+            expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)),
+        )
+        for i in order
+        if i != best
+    )
+    schedule = None
+    if request.schedule and isinstance(recipe.cost, PerChunk):
+        att = request.attention
+        limit = max_chunk(n, att.window, att.layout)
+        if fits is not None:  # a budget: no chunk above the largest size that fits it
+            limit = min(limit, max(chunks[i] for i in order))
+        ranked = [chunks[best], *(chunks[i] for i in order if i != best)]  # the choice first
+        planned = best_schedule(recipe.chunk_ms, x[0], n, ranked, limit)
+        schedule = None if planned is None else tuple(planned[0])
+    anchored_candidate = candidate[anchored]
+    decision = Decision.model_construct(
+        chunk_size=chunks[best],
+        source="model",
+        schedule=schedule,
+        predicted_ttft_ms=ms[best],
+        model_version=recipe.version,
+        deferred=choice.deferred,
+        top=[candidate[i] for i in order[:TOP]],
+        rule=candidate[rule],
+        anchor=Anchor.model_construct(
+            chunk_size=anchored_candidate.chunk_size,
+            predicted_ttft_ms=anchored_candidate.predicted_ttft_ms,
+            predicted_peak_mb=anchored_candidate.predicted_peak_mb,
+            name=anchor.name,
+            spec=anchor.spec,
+        ),
+        candidates=candidate,
+        memory_margin=margin,
+    )
+    return with_gains(decision, gains)
 
 
 def within(fits: np.ndarray, index: int) -> int:
@@ -223,11 +311,3 @@ def over_budget(budget: float, margin: float, chunks: list[int], peaks: np.ndarr
         f"(chunk {chunks[i]}), {need:.1f} MB with the {margin:.0%} safety margin: a budget of at least that",
         "over_memory_budget",
     )
-
-
-def pick(recipe: Recipe, table: dict, request: ChunkRequest) -> Picked:
-    """The recipe's decision for `request` at exactly its length (Infeasible when it has none)."""
-    (picked,) = pick_many(recipe, table, request, [request.context_length])
-    if isinstance(picked, Infeasible):
-        raise picked
-    return picked

@@ -7,8 +7,9 @@ segment's ends agree (chunkpilot.chunks.segments), so that a flip is found where
 it. A segment answers its ends' decision for every length in it, its predicted TTFTs the nearer
 end's scaled by n / end (the lengths of a cell are within 1.1% of each other, a tenth of the
 held-out TTFT error) and every candidate's predicted peak memory interpolated between its
-ends. Training's cross-validation scores exactly this path (training/served.py):
-what is judged is what is served. A cell is built by one background thread when a length in it is
+ends. The table is the recipe's (estimator.recipe.Recipe.table): training's cross-validation asks
+`Recipe.decide` as the service does, its cells built at once instead of in the background: what is
+judged is what is served. A cell is built by one background thread when a length in it is
 first asked (a few batched calls of the cost model: milliseconds, so that the first request of a
 kind sets going no more than its own cell on the cores the engine runs on), and a kind's built
 cells are rebuilt when the correction has learnt, the old answers serving meanwhile.
@@ -25,14 +26,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, Segment, length_cell, segments
-from chunkpilot.contract import Candidate, ChunkRequest, ChunkResponse
+from chunkpilot.contract import Candidate, ChunkRequest, Decision
 
-from .answer import Answer
+from .decide import Infeasible, gains_of, with_gains
 
 MAX_KINDS = 64  # kinds kept (least recently asked go first): a client inventing kinds costs memory only so far
 REBUILD_S = 30.0  # a kind's cells are rebuilt after a learn at most this often
 
-Decided = tuple[int, Answer]  # a length and the recipe's answer there
+Decided = tuple[int, Decision]  # a length and the recipe's decision there
+DecideMany = Callable[[ChunkRequest, list[int]], list[Decision | Infeasible]]  # Recipe.decide_many
+
+
+def untabled(request: ChunkRequest) -> bool:
+    """What a decision table does not hold: a schedule (priced per length), a memory budget (the
+    table holds the unconstrained decision); the recipe decides these at their length."""
+    return request.schedule or request.memory_budget_mb is not None
 
 
 def numeric_candidates(request: ChunkRequest) -> tuple[int, ...]:
@@ -46,27 +54,26 @@ def cell_of(request: ChunkRequest) -> tuple[int, int]:
 
 def agree(low: Decided, high: Decided) -> bool:
     """Whether two lengths' answers are one decision: the same size, or each its whole prompt."""
-    a, at_a, b, at_b = low[0], low[1].response.chunk_size, high[0], high[1].response.chunk_size
+    a, at_a, b, at_b = low[0], low[1].chunk_size, high[0], high[1].chunk_size
     return at_a == at_b or (at_a == a and at_b == b)
 
 
-def _peaks(end: int, response: ChunkResponse) -> dict[int | str, float | None]:
+def _peaks(end: int, response: Decision) -> dict[int | str, float | None]:
     """Each candidate's predicted peak at `end` by size ("full": the whole prompt)."""
     return {"full" if c.chunk_size == end else c.chunk_size: c.predicted_peak_mb for c in response.candidates}
 
 
-def answer_at(segment: Segment[Answer], n: int) -> Answer:
+def answer_at(segment: Segment[Decision], n: int) -> Decision:
     """The segment's answer for a prompt of `n` tokens: its nearer end's, the whole prompt read as
     n, predicted TTFTs scaled by n / end, and each candidate's predicted peak linear between the
     two ends (exact where the peak grows linearly with the prompt: the KV cache, the keys a chunk
     scores)."""
-    end, held = segment.nearer(n)
-    answer = held.response
+    end, answer = segment.nearer(n)
     f = n / end
     (a, low), (b, high) = segment.low, segment.high
     t = 0.0 if a == b else (n - a) / (b - a)
     # no memory side (no margin): no peaks to interpolate, each candidate's stays None
-    at_low, at_high = ({}, {}) if answer.memory_margin is None else (_peaks(a, low.response), _peaks(b, high.response))
+    at_low, at_high = ({}, {}) if answer.memory_margin is None else (_peaks(a, low), _peaks(b, high))
 
     def moved(c: Candidate) -> dict[str, float]:
         return {"chunk_size": n if c.chunk_size == end else c.chunk_size, "predicted_ttft_ms": c.predicted_ttft_ms * f}
@@ -77,7 +84,7 @@ def answer_at(segment: Segment[Answer], n: int) -> Answer:
         peak = c.predicted_peak_mb if p is None or q is None else p + t * (q - p)
         return {**moved(c), "predicted_peak_mb": peak}
 
-    response = ChunkResponse.model_validate(  # one validation of plain data: pydantic's fastest way in
+    decision = Decision.model_validate(  # one validation of plain data: pydantic's fastest way in
         {
             "chunk_size": n if answer.chunk_size == end else answer.chunk_size,
             "predicted_ttft_ms": answer.predicted_ttft_ms * f,
@@ -92,21 +99,21 @@ def answer_at(segment: Segment[Answer], n: int) -> Answer:
             "memory_margin": answer.memory_margin,
         }
     )
-    return Answer(response, held.gains)  # relative: the end's hold here
+    return with_gains(decision, gains_of(answer))  # relative: the end's hold here
 
 
 @dataclass
 class Kind:
     request: ChunkRequest  # one request of the kind: the others differ only in context length
     # (each segment's first length, the segments), sorted: one attribute, swapped whole by a build
-    entries: tuple[list[int], list[Segment[Answer]]]
+    entries: tuple[list[int], list[Segment[Decision]]]
     built: set[tuple[int, int]]  # the cells built (those no candidate fits too: they have no segment)
     wanted: set[tuple[int, int]]  # the cells asked about and not built yet
     generation: int  # the correction's state its cells were built with
     asked: bool = True  # asked about since its last build: only such kinds are rebuilt after a learn
     built_at: float = -math.inf
 
-    def segment(self, n: int) -> Segment[Answer] | None:
+    def segment(self, n: int) -> Segment[Decision] | None:
         starts, found = self.entries
         i = bisect.bisect_right(starts, n) - 1
         return found[i] if i >= 0 and found[i].last >= n else None  # a gap: lengths not built, or no candidate fits
@@ -115,11 +122,9 @@ class Kind:
 class DecisionTable:
     """Kinds of request -> their segments' answers, and the thread that builds them."""
 
-    def __init__(
-        self, exact_answers: Callable[[ChunkRequest, list[int]], list[Answer | None]], builds: bool = True
-    ) -> None:
-        self.exact_answers = exact_answers  # the recipe's answers for a request's kind at many lengths at once
-        self.builds = builds  # False: nothing is ever built, every lookup misses
+    def __init__(self, decide_many: DecideMany, builds: bool = True) -> None:
+        self.decide_many = decide_many  # the recipe's decisions for a request's kind at many lengths at once
+        self.builds = builds  # False: nothing is built in the background, every lookup misses
         self.kinds: OrderedDict[str, Kind] = OrderedDict()
         self.generation = 0  # bumped by every learn: cells built before it are rebuilt
         self.ready = threading.Condition()  # guards kinds and generation; the builder waits on it
@@ -128,7 +133,7 @@ class DecisionTable:
         self.built_s: deque[float] = deque(maxlen=256)  # seconds per build, the latest (the benchmark reads them)
         self.build_s_total = 0.0  # every build's seconds: what the tables have cost this process's cores
 
-    def lookup(self, request: ChunkRequest, queue: bool = True) -> Answer | None:
+    def lookup(self, request: ChunkRequest, queue: bool = True) -> Decision | None:
         """The table's answer for the request, if its cell is built; a cell not built is queued
         (unless `queue` is off: the caller decides first and queues it after, `want`)."""
         key, n = request.kind(), request.context_length
@@ -145,13 +150,9 @@ class DecisionTable:
         """Queue the request's cell, unless built or queued already."""
         if not self.builds:
             return
-        key, cell = request.kind(), cell_of(request)
+        cell = cell_of(request)
         with self.ready:
-            kind = self.kinds.get(key)
-            if kind is None:
-                kind = self.kinds[key] = Kind(request, ([], []), set(), set(), self.generation)
-                while len(self.kinds) > MAX_KINDS:
-                    self.kinds.popitem(last=False)
+            kind = self._kind(request)
             if cell in kind.built or cell in kind.wanted:
                 return
             kind.wanted.add(cell)
@@ -159,6 +160,16 @@ class DecisionTable:
                 self.builder = threading.Thread(target=self._build_forever, name="decision-table", daemon=True)
                 self.builder.start()
             self.ready.notify()
+
+    def _kind(self, request: ChunkRequest) -> Kind:
+        """The request's kind, known from now on (the least recently asked past MAX_KINDS forgotten);
+        under `ready`."""
+        kind = self.kinds.get(request.kind())
+        if kind is None:
+            kind = self.kinds[request.kind()] = Kind(request, ([], []), set(), set(), self.generation)
+            while len(self.kinds) > MAX_KINDS:
+                self.kinds.popitem(last=False)
+        return kind
 
     def learnt(self) -> None:
         """The correction changed: the kinds asked about since they were built are rebuilt (their
@@ -195,20 +206,41 @@ class DecisionTable:
             if rebuild:
                 kind.asked = False
             try:
-                found = segments(lambda lengths, r=kind.request: self.exact_answers(r, lengths), agree, cells)
+                found = self._segments(kind.request, cells)
             except Exception:  # a build that fails leaves its cells to the request path, never the thread dead
                 found = []
-            with self.ready:
-                kept = [s for s in kind.entries[1] if not any(c[0] <= s.first <= c[1] for c in cells)]
-                merged = sorted([*kept, *found], key=lambda s: s.first)
-                kind.entries = ([s.first for s in merged], merged)  # one swap: readers see the old or the new
-                kind.built |= set(cells)
-                kind.wanted -= set(cells)
-                kind.generation = generation
+            self._keep(kind, cells, found, generation)
             if rebuild:
                 kind.built_at = time.monotonic()
             self.built_s.append(time.perf_counter() - start)
             self.build_s_total += self.built_s[-1]
+
+    def _segments(self, request: ChunkRequest, cells: list[tuple[int, int]]) -> list[Segment[Decision]]:
+        """The cells' segments for the request's kind (no segment where no candidate fits)."""
+
+        def decided(lengths: list[int]) -> list[Decision | None]:
+            return [None if isinstance(d, Infeasible) else d for d in self.decide_many(request, lengths)]
+
+        return segments(decided, agree, cells)
+
+    def _keep(self, kind: Kind, cells: list[tuple[int, int]], found: list[Segment[Decision]], generation: int) -> None:
+        with self.ready:
+            kept = [s for s in kind.entries[1] if not any(c[0] <= s.first <= c[1] for c in cells)]
+            merged = sorted([*kept, *found], key=lambda s: s.first)
+            kind.entries = ([s.first for s in merged], merged)  # one swap: readers see the old or the new
+            kind.built |= set(cells)
+            kind.wanted -= set(cells)
+            kind.generation = generation
+
+    def build_now(self, request: ChunkRequest) -> Decision | None:
+        """The request's cell built in this thread if it is not yet, and the table's answer (None:
+        no candidate fits there): what cross-validation asks, where the service queues the cell."""
+        cell = cell_of(request)
+        with self.ready:
+            kind = self._kind(request)
+        if cell not in kind.built:
+            self._keep(kind, [cell], self._segments(kind.request, [cell]), kind.generation)
+        return self.lookup(request, queue=False)
 
     def summary(self) -> dict:
         """What GET /v1/model shows: whether it builds, kinds known and built, segments built, the
