@@ -3,7 +3,7 @@ HTTP (keep-alive, short timeout) with this machine's measured descriptors, cache
 the lengths it holds for (a decision-table segment, else its own length) and its model version (an
 answer older than a few seconds still answers at once and is asked again in the background, so a
 steady decision never costs more than a first one), and falls back to the anchor (the strongest
-simple baseline of this machine, backend and kernel, as the service last said: chunkpilot.lineup)
+simple baseline of this machine, backend and kernel, as the service last said: judge.lineup)
 on a timeout, a refused connection, an error status or an infeasible answer, saying why; a circuit
 breaker stops asking after repeated failures and probes again later. An in-process variant loads
 the model."""
@@ -23,8 +23,8 @@ from pydantic import ValidationError
 
 from auto.telemetry import Reporter, outcome
 from chunkpilot.contract import ChunkRequest, ConfigError, Decision, Hardware, Outcome, RequestFeatures
-from chunkpilot.lineup import Baseline, anchor_for, anchor_key
 from engine.policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy
+from judge.lineup import Baseline, anchor_for, anchor_key
 from store.registry import CHAMPION, MODEL_NAME
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class Observing(ChunkPolicy):
 
     hardware: Hardware
     reporter: Reporter | None
-    anchors: dict[str, Baseline]  # chunkpilot.lineup.anchor_key -> the model's anchor there
+    anchors: dict[str, Baseline]  # judge.lineup.anchor_key -> the model's anchor there
 
     def anchor(self, request: RequestFeatures) -> Baseline:
         """What a fallback answers: the model's anchor for this machine, backend and kernel."""

@@ -17,11 +17,11 @@ from typing import Any
 
 from auto.client import AutoPolicy, InProcessPolicy, auto_at
 from chunkpilot.contract import AttentionConfig, ConfigError, Decision, ModelShape, RequestFeatures
-from chunkpilot.lineup import applied, backend_default
 from engine.gguf_export import QUANT_OF
 from engine.hardware import local_hardware
 from engine.llama_probe import require
 from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy
+from judge.lineup import applied, backend_default
 
 FAMILIES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3"}  # GGUF architecture -> the contract's family
 

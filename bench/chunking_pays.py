@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from chunkpilot.lineup import anchor_key, backend_default, best_single_size, describe
 from chunkpilot.paths import DATA_ROOT
 from evaluation.records import append_record, chunking_record
+from judge.lineup import anchor_key, backend_default, best_single_size, describe
 from store.dataset import anchor_configs, measured_configs, read_dataset
 
 

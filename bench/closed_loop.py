@@ -3,7 +3,7 @@ through the engine's `auto` (telemetry on, bounded exploration): the service's c
 this machine from each prefill at once, and `chunkpilot retrain`'s training runs between rounds.
 After each round the served recipe (the champion with the correction learnt from the telemetry so
 far, as the service loads it) is scored on a fixed probe set of this machine against the lineup of
-baselines (chunkpilot.lineup: one shot, the engine's default, this machine's best single size where
+baselines (judge.lineup: one shot, the engine's default, this machine's best single size where
 its shipped profile has rows, the hand rule, the simple rule, fixed 1024), the strongest of them on
 the probe set named, and a reference model trained with this machine's full shipped profile (the
 same as the champion where the shipped data has no rows of this machine).
@@ -37,7 +37,6 @@ from auto.client import AutoPolicy, make_auto
 from auto.telemetry import Reporter, to_service
 from chunkpilot.chunks import landed
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
-from chunkpilot.lineup import lineup
 from chunkpilot.paths import SHIPPED_DIR
 from cli.processes import free_port, start_service, wait_ready
 from engine.config import EngineConfig
@@ -46,8 +45,9 @@ from engine.machine import fingerprint
 from engine.policy import BaselinePolicy, ChunkPolicy
 from engine.workload import Workload
 from evaluation.lineup import machine_best
-from evaluation.regret import Choices, Times, regret, regret_gap, timed
-from evaluation.rounds import time_sizes
+from evaluation.rounds import time_sizes, timed
+from judge.lineup import lineup
+from judge.regret import Choices, Times, regret, regret_gap
 from predictor.model import load_predictor, past_outcomes
 from store.registry import CHAMPION, MODEL_NAME
 from training.train import format_result, train

@@ -17,12 +17,12 @@ import time
 import numpy as np
 
 from chunkpilot.contract import ConfigError, number
-from chunkpilot.intervals import median_ratio
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.measure import interleaved
 from engine.policy import FixedPolicy
 from engine.workload import Workload
+from judge.intervals import median_ratio
 
 
 def first_run_s(engine: Engine, workload: Workload, chunk: int) -> float:

@@ -30,7 +30,6 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from chunkpilot.chunks import clamp_chunk, landed, rule_size
 from chunkpilot.contract import MAX_CONTEXT, NO_WINDOW, AttentionConfig, ConfigError, number
 from chunkpilot.features import prefill_flops
-from chunkpilot.intervals import median_ratio
 from engine.backends import open_engine, own_attention
 from engine.config import EngineConfig
 from engine.engine import Engine, Prepared
@@ -39,6 +38,7 @@ from engine.kv_cache import NO_GLOBALS, ChunkCache, FullLayer, Globals, ShiftLay
 from engine.measure import interleaved
 from engine.policy import FixedPolicy
 from engine.workload import Workload
+from judge.intervals import median_ratio
 
 DEFAULT_CONFIGS = (
     "mistral-44m:4096:none,mistral-44m:4096:1024:shift,mistral-44m:4096:1024:ring,"

@@ -14,10 +14,10 @@ import numpy as np
 from preamble import model_and_rounds
 
 from chunkpilot.contract import AttentionConfig
-from chunkpilot.intervals import median_ratio
 from engine.measure import interleaved
 from engine.policy import RulePolicy
 from engine.workload import Workload
+from judge.intervals import median_ratio
 
 COUNTS = (0, 8, 64)
 SETUPS = [(n, window, layout) for n in (2048, 4096, 8192) for window, layout in ((512, "shift"), (1024, "ring"))]

@@ -21,10 +21,10 @@ import torch
 
 from auto.hf import auto_policy, prefill_chunk_size, request_features
 from chunkpilot.chunks import simple_rule
-from chunkpilot.intervals import median_ratio
 from engine.measure import interleaved
 from engine.models import load_model
 from engine.policy import ChunkPolicy, FixedPolicy, RulePolicy
+from judge.intervals import median_ratio
 from store.tracking import tracking_uri
 
 LENGTHS = (2000, 4000, 8000)

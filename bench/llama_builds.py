@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from chunkpilot.contract import QUANTS, ConfigError, number
-from chunkpilot.intervals import median_ratio
 from engine.isolation import how_it_ended
 from engine.llama_lib import LIB_PATH
+from judge.intervals import median_ratio
 
 
 def child(gguf: str, tokens: int, repeats: int, threads: int) -> None:

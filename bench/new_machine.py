@@ -16,9 +16,9 @@ from pathlib import Path
 
 from chunkpilot.paths import SHIPPED_DIR
 from estimator.recipe import RECIPES
+from judge.metrics import records, summarize_regret
 from training.baselines import RankLevel, lineup_baselines
 from training.data import load_table
-from training.metrics import records, summarize_regret
 from training.served import served_fit
 
 
@@ -48,7 +48,7 @@ def main() -> None:
             fitted[policy.name] = copy.copy(policy)
             fitted[policy.name].fit(table.subset(train))
         for name, policy in fitted.items():
-            m = summarize_regret(records(test, policy.choose(test)))
+            m = summarize_regret(records(test.rows, policy.choose(test)))
             mape = f"{m['mape']:>8.1%}" if m["mape"] == m["mape"] else f"{'':>8}"
             print(
                 f"{name:<22}{label:>8}{m['mean_regret']:>8.1%}{m['p95_regret']:>8.1%}{m['within_5pct']:>10.0%}{mape}",

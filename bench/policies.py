@@ -2,7 +2,7 @@
 in-process) against one shot, the backend's own default (the bundled engine's hand rule,
 generate without chunking, llama.cpp's n_ubatch 512), this machine's best single size (from its
 own profile rows of the backend and kernel), the hand rule, the simple rule and fixed 1024
-(chunkpilot.lineup), measured by the one evaluator (evaluation/comparison.py): every distinct
+(judge.lineup), measured by the one evaluator (evaluation/comparison.py): every distinct
 chunk size per round for 3 rounds, interleaved, then only the sizes still compared, rounds until
 the intervals of auto's savings are narrower than 2% or --max-rounds pass. Prints per-prompt TTFT
 and regret against the measured best, and auto's saving over each baseline, the strongest first,

@@ -22,11 +22,11 @@ import pandas as pd
 
 from chunkpilot.paths import SHIPPED_DIR, SPECS_DIR
 from estimator.recipe import DEFAULT
+from judge.metrics import records, summarize_regret
 from profiler.plan import space_filling_order
 from profiler.spec import Spec
 from training.baselines import BestSingleSize, FixedSpec
 from training.data import Table, load_table
-from training.metrics import records, summarize_regret
 from training.served import served_fit
 
 
@@ -43,7 +43,7 @@ def measured_minutes(table: Table) -> pd.Series:
 def evaluate(policy, train: Table | None, test: Table) -> dict[str, float]:
     if train is not None:
         policy.fit(train)
-    return summarize_regret(records(test, policy.choose(test)))
+    return summarize_regret(records(test.rows, policy.choose(test)))
 
 
 def main() -> None:

@@ -21,12 +21,12 @@ from preamble import model_and_rounds
 from auto.client import make_auto
 from chunkpilot.chunks import uniform
 from chunkpilot.contract import AttentionConfig
-from chunkpilot.intervals import median_ratio
 from engine.engine import Engine
 from engine.measure import interleaved
 from engine.policy import ChunkPolicy, SchedulePolicy
 from engine.workload import Workload
 from evaluation.rounds import time_sizes
+from judge.intervals import median_ratio
 from store.tracking import tracking_uri
 
 # (tokens, window, layout): with and without windows

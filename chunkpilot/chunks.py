@@ -27,7 +27,7 @@ LONG = HAND_RULE[-1][0]  # beyond it, the alignment decides
 
 
 def hand_rule(context_length: int) -> int:
-    """The write-up's rule: one of the baselines `auto` is judged against (chunkpilot.lineup)."""
+    """The write-up's rule: one of the baselines `auto` is judged against (judge.lineup)."""
     for longest, size in HAND_RULE:
         if context_length <= longest:
             return size

@@ -495,7 +495,7 @@ class Candidate(BaseModel):
 
 
 class Anchor(Candidate):
-    """The strongest simple baseline of the request's machine, backend and kernel (chunkpilot.lineup):
+    """The strongest simple baseline of the request's machine, backend and kernel (judge.lineup):
     what do-no-harm keeps when the model is unsure, and what `auto` falls back to."""
 
     name: str = Field(description="the baseline, e.g. 'best single size (2048)', 'one shot', 'simple rule'")

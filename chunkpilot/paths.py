@@ -12,6 +12,7 @@ from .contract import IDENTIFIER, ConfigError
 
 DATA_ROOT = Path("data/ttft")  # the dataset root: a folder per source (spec or partition), one per machine
 TELEMETRY_DIR = DATA_ROOT / "telemetry"  # the default partition of the engine's own prefills
+TELEMETRY_PREFIX = "telemetry-"  # the config keys of the engine's own prefills (store.dataset writes them)
 SHIPPED_DIR = DATA_ROOT / "cpu-shipped"  # the profiles that come with the project
 SPECS_DIR = Path("data/specs")  # the profiling specs
 

@@ -2,7 +2,7 @@
 (through the promotion gate), serve the champion, let it learn this machine from a short workload
 of its own prefills (telemetry on, bounded exploration), then race `auto` against the lineup (one
 shot, the engine's default, this machine's best single size from its own profile rows, the hand
-rule, the simple rule, fixed 1024: chunkpilot.lineup) on prompts drawn afresh from a seeded
+rule, the simple rule, fixed 1024: judge.lineup) on prompts drawn afresh from a seeded
 generator whose lengths and windows no profile or learning prompt of the model holds
 (evaluation/prompts.py), with the evaluator (evaluation/comparison.py): TTFT and regret per prompt
 and policy, and auto's saving over each, the strongest first, gross, warm and cold (its first

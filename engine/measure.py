@@ -1,7 +1,7 @@
 """The one measuring harness (engine, profiler, evaluator, benches): warm-up passes, then passes in
 which every candidate runs once, the order rotated each pass so that drift and cache state hit
 every candidate alike; and the spread of what was measured. Its intervals (the bootstrap) are
-scoring: chunkpilot/intervals.py."""
+scoring: judge/intervals.py."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from chunkpilot.chunks import rule_size, simple_rule
 from chunkpilot.contract import ConfigError, Decision, RequestFeatures, number
-from chunkpilot.lineup import Baseline, applied
+from judge.lineup import Baseline, applied
 
 if TYPE_CHECKING:
     from .engine import TTFTResult
@@ -76,7 +76,7 @@ SOURCES = {"full": "full", "rule": "rule", "simple-rule": "rule"}  # a baseline'
 
 @dataclass(frozen=True)
 class BaselinePolicy(ChunkPolicy):
-    """A baseline of the lineup (chunkpilot.lineup) as the engine runs it: its spec applied, cut to
+    """A baseline of the lineup (judge.lineup) as the engine runs it: its spec applied, cut to
     what the config allows; `strict`: one shot refuses a prompt it cannot take in one chunk (a race
     then leaves it out there) instead of running the largest chunk allowed."""
 

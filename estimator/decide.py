@@ -16,10 +16,10 @@ import numpy as np
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, landed, max_chunk, rule_candidate
 from chunkpilot.contract import Anchor, Candidate, ChunkRequest, Decision, Hardware, descriptor_of
 from chunkpilot.features import build
-from chunkpilot.lineup import Baseline, applied
 from estimator.cost_models import PerChunk
 from estimator.memory import MIB, within_budget
 from estimator.schedule import best_schedule
+from judge.lineup import Baseline, applied
 
 if TYPE_CHECKING:
     from estimator.recipe import Choice, Recipe

@@ -6,7 +6,7 @@ The chooser takes the argmin of the members' mean predicted TTFT, unless "do no 
 anchor's size stays when the predicted saving over it is within a margin (3%) plus `z` standard
 deviations of the members' disagreement about that saving, widened by the noise this machine's
 correction brings into the two sizes' predictions (chunkpilot.correction). The anchor is the strongest simple
-baseline of the request's machine, backend and kernel on the training rows (chunkpilot.lineup:
+baseline of the request's machine, backend and kernel on the training rows (judge.lineup:
 one shot, the backend's default, the machine's best single size, the rules, fixed 1024), fitted
 with the cost model and saved with it: where the model cannot know better, it makes the strongest
 baseline's choice, never a weaker one's.
@@ -26,11 +26,11 @@ from chunkpilot import chunk_features
 from chunkpilot.contract import ChunkRequest, Decision
 from chunkpilot.correction import Correction
 from chunkpilot.features import FEATURES
-from chunkpilot.lineup import Baseline, MeasuredConfig, anchor_for, anchor_key, fit_anchors
 from estimator.cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
 from estimator.decide import Infeasible, decide_many
 from estimator.memory import MemoryModel
 from estimator.table import DecisionTable, untabled
+from judge.lineup import Baseline, MeasuredConfig, anchor_for, anchor_key, fit_anchors
 
 # what a recipe is trained on: the plan's features and the per-chunk cost model's. A recipe saved
 # with another list (an older ChunkPilot) is refused here and replaced by the promotion gate
@@ -107,7 +107,7 @@ class Recipe:
     cost: CostModel
     chooser: Chooser = field(default_factory=Chooser)
     correction: Correction | None = None  # this machine's, learnt from its prefills (per-chunk only)
-    anchors: dict[str, Baseline] = field(default_factory=dict)  # chunkpilot.lineup.anchor_key -> its anchor
+    anchors: dict[str, Baseline] = field(default_factory=dict)  # judge.lineup.anchor_key -> its anchor
     memory: MemoryModel | None = None  # each candidate's peak memory (None: no row measured it)
     # the machines it was trained on: hardware_id -> {"static": {...}, "descriptors": {"dtype/threads":
     # {...}}}, resolving a request's hardware_id to their own measured descriptors
@@ -155,7 +155,7 @@ class Recipe:
         return decide_many(self, request, lengths)
 
     def anchor(self, hardware_id: str | None, backend: str, attn_impl: str) -> Baseline:
-        """The anchor of a request on this machine, backend and kernel (chunkpilot.lineup.anchor_for)."""
+        """The anchor of a request on this machine, backend and kernel (judge.lineup.anchor_for)."""
         return anchor_for(self.anchors, hardware_id, backend, attn_impl)
 
     def knows(self, hardware_id: str | None, backend: str, attn_impl: str) -> bool:

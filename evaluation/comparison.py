@@ -17,7 +17,7 @@ the policies' sizes and the best so far, on the prompts where the policies diffe
 cost a fraction of a full one, so the savings get many more of them in the same minutes.
 
 Savings of one policy over another, gross and net of decisions, with their 95% intervals, are
-evaluation.savings. After `min_rounds`, rounds are added until every interval is narrower than
+judge.savings. After `min_rounds`, rounds are added until every interval is narrower than
 `precision`, the `deadline` leaves no room for another round, or `max_rounds` pass: never on what
 a result says, so the interval keeps its 95%.
 
@@ -26,7 +26,7 @@ request of a new kind pays) is timed when it is asked, and each round times one 
 state: whatever it caches, it may use). The savings are printed gross, warm (each policy charged
 its steady decision) and cold (its first decision and whatever else its first request of the kind
 costs, such as a decision table built on the engine's cores: `after_first` says), with the
-decisions' times (evaluation.savings). The strongest baseline is the policy other than `auto`
+decisions' times (judge.savings). The strongest baseline is the policy other than `auto`
 with the lowest total TTFT over the prompts they all ran; `auto` is printed against it first.
 """
 
@@ -43,10 +43,10 @@ from engine.engine import Engine
 from engine.measure import interleaved
 from engine.policy import ChunkPolicy
 from engine.workload import Workload
+from judge.savings import Saving, bootstrap_savings
 
 from .rounds import every_size
 from .rounds import steps as size_steps
-from .savings import Saving, bootstrap_savings
 
 WARM_DROP = 2.0  # after the warm-up, a size no policy chose that took over this times the fastest is out
 

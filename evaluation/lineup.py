@@ -1,4 +1,4 @@
-"""The lineup (chunkpilot.lineup) as live policies on this machine: `auto` beside one shot, the
+"""The lineup (judge.lineup) as live policies on this machine: `auto` beside one shot, the
 backend's default, this machine's best single size (chosen from its own profile rows only, the way
 a user would after one sweep), the hand rule, the simple rule and fixed 1024; and the cold cost of
 `auto`'s first requests (a decision table built on the cores the engine runs on)."""
@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from chunkpilot.lineup import Spec, anchor_key, best_single_size, lineup
 from engine.engine import Engine
 from engine.policy import BaselinePolicy, ChunkPolicy
+from judge.lineup import Spec, anchor_key, best_single_size, lineup
 from store.dataset import DataError, anchor_configs, measured_by_today, read_dataset
 
 from .comparison import PromptResult

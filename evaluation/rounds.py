@@ -5,6 +5,7 @@ hits every size alike."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
@@ -12,6 +13,7 @@ from engine.engine import Engine
 from engine.measure import interleaved
 from engine.policy import FixedPolicy
 from engine.workload import Workload
+from judge.regret import Choices
 
 
 def every_size(workload: Workload) -> list[int]:
@@ -32,3 +34,14 @@ def steps(engine: Engine, workload: Workload, sizes: list[int]) -> dict[int, Cal
 def time_sizes(engine: Engine, workload: Workload, rounds: int) -> dict[int, list[float]]:
     """Every size of the workload, `rounds` interleaved rounds after a warm-up: size -> TTFT ms per round."""
     return interleaved(steps(engine, workload, every_size(workload)), rounds)
+
+
+def timed(decide: Callable[[int], int], probes: range) -> Choices:
+    """Each probe's choice by `decide(probe index)`, and the time that decision took: what a policy
+    is charged on top of the TTFT of its size (the net regret, judge.regret)."""
+    sizes, ms = {}, {}
+    for i in probes:
+        start = time.perf_counter()
+        sizes[i] = decide(i)
+        ms[i] = (time.perf_counter() - start) * 1e3
+    return sizes, ms

@@ -21,11 +21,11 @@ from chunkpilot import plausibility
 from chunkpilot.contract import Anchor, Candidate, ChunkRequest, ConfigError, Decision, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.features import base_log_ms
-from chunkpilot.lineup import Baseline
 from estimator.cost_models import PerChunk
 from estimator.decide import anchor_size, candidates, feature_rows, resolve_hardware, rule_size
 from estimator.recipe import Recipe, load_recipe
 from estimator.table import untabled
+from judge.lineup import Baseline
 from store import registry
 
 from .settings import BUDGET

@@ -1,13 +1,13 @@
 """Per-config summary of a dataset: the measured best chunk size against fixed 1024 and the hand
 rule, each scored by the lineup's one judge of a baseline on measured sizes
-(chunkpilot.lineup.MeasuredConfig), as training and the benches score them."""
+(judge.lineup.MeasuredConfig), as training and the benches score them."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from chunkpilot.contract import window_column
-from chunkpilot.lineup import MeasuredConfig
+from judge.lineup import MeasuredConfig
 
 
 def summarize_configs(df: pd.DataFrame) -> pd.DataFrame:

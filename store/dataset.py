@@ -41,8 +41,8 @@ from chunkpilot.contract import (
     RequestFeatures,
     window_column,
 )
-from chunkpilot.lineup import MeasuredConfig, anchor_key
-from chunkpilot.paths import inside
+from chunkpilot.paths import TELEMETRY_PREFIX, inside
+from judge.lineup import MeasuredConfig, anchor_key
 
 # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
 # version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it, 7: llama.cpp's
@@ -64,7 +64,6 @@ KERNEL_SINCE: dict[tuple[str, str], int] = {
 }
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
-TELEMETRY_PREFIX = "telemetry-"  # their config keys
 
 _int, _float, _str, _bool = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 # fmt: off
@@ -401,7 +400,7 @@ def measured_by_today(rows: pd.DataFrame) -> pd.Series:
 
 
 def measured_configs(rows: pd.DataFrame) -> dict[tuple[str, str], MeasuredConfig]:
-    """(config_key, hardware_id) -> its measured sizes and TTFTs, as chunkpilot.lineup scores a
+    """(config_key, hardware_id) -> its measured sizes and TTFTs, as judge.lineup scores a
     baseline on them."""
     return {
         key: MeasuredConfig(
@@ -417,7 +416,7 @@ def measured_configs(rows: pd.DataFrame) -> dict[tuple[str, str], MeasuredConfig
 
 
 def anchor_configs(rows: pd.DataFrame) -> dict[str, list[MeasuredConfig]]:
-    """Each machine's configs per backend and kernel (chunkpilot.lineup.anchor_key): what its best
+    """Each machine's configs per backend and kernel (judge.lineup.anchor_key): what its best
     single size and its anchor are chosen from."""
     firsts = rows.drop_duplicates(["config_key", "hardware_id"]).set_index(["config_key", "hardware_id"])
     out: dict[str, list[MeasuredConfig]] = {}

@@ -14,7 +14,7 @@ from chunkpilot.contract import AttentionConfig, RequestFeatures
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 from engine.workload import Workload
 from evaluation.comparison import PromptResult, evaluate, format_evaluation, raced_out, still_compared
-from evaluation.savings import Saving, bootstrap_savings
+from judge.savings import Saving, bootstrap_savings
 
 
 def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_still_compared(engines):

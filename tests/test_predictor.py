@@ -417,9 +417,9 @@ def test_schemathesis_finds_no_server_errors(server):
 def test_demo_comparison_table(server, tmp_path):
     """The demo's race: auto against the whole lineup (no profile rows of this machine here, so no
     best single size), the strongest baseline first, gross, warm and cold."""
-    from chunkpilot.lineup import lineup
     from cli.demo import compare_with_service
     from evaluation.comparison import format_evaluation
+    from judge.lineup import lineup
 
     workloads = [Workload(200), Workload(300, AttentionConfig(64, "ring", 4))]
     result = compare_with_service("llama-tiny", server, 2, workloads, tmp_path, full_rounds=2)

@@ -414,9 +414,9 @@ def test_a_noisy_config_is_remeasured_only_while_the_budget_lasts():
 def test_the_summary_scores_fixed_1024_and_the_rule_as_training_does_on_the_same_data():
     """One scorer: a size no config measured lands on the measured one below it, in the profiler's
     summary as in training's held-out table, so their regrets agree config by config."""
+    from judge.metrics import records
     from training.baselines import FixedSpec
     from training.data import load_table
-    from training.metrics import records
 
     machine = sorted((Path(__file__).resolve().parents[1] / "data" / "ttft" / "cpu-shipped").iterdir())[0]
     summary = summarize_configs(read_dataset(machine)).set_index("config_key")
@@ -426,7 +426,7 @@ def test_the_summary_scores_fixed_1024_and_the_rule_as_training_does_on_the_same
         (FixedSpec("hand-rule", "rule"), "regret_rule"),
         (FixedSpec("fixed-1024", "1024"), "regret_1024"),
     ):
-        scored = records(table, policy.choose(table))
+        scored = records(table.rows, policy.choose(table))
         regret = (scored.ttft_chosen / scored.ttft_best - 1).to_numpy()
         assert summary.loc[keys[scored.group].to_numpy(), column].to_numpy() == pytest.approx(regret)
     assert summary.regret_rule.notna().all() and len(summary) == len(keys)

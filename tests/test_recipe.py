@@ -46,9 +46,9 @@ def test_the_anchor_decides_for_a_machine_the_model_never_saw():
     """The strongest simple baseline of a machine, backend and kernel is fitted from its own rows;
     a machine the rows do not hold (or a request that names none) gets its backend's own default,
     and the model does not decide for it until its correction has learnt from its prefills."""
-    from chunkpilot.lineup import MeasuredConfig, anchor_key, fit_anchors
     from estimator.cost_models import PerChunk
     from estimator.recipe import Recipe
+    from judge.lineup import MeasuredConfig, anchor_key, fit_anchors
 
     one_shot_wins = MeasuredConfig([512, 1024, 3000], [120.0, 110.0, 100.0], 3000, None, "shift")
     recipe = Recipe("r", PerChunk(), anchors=fit_anchors({anchor_key("m1", "chunkpilot", "split"): [one_shot_wins]}))

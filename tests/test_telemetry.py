@@ -166,7 +166,7 @@ def test_a_burst_stays_within_the_queue_and_the_disk_cap(tmp_path):
 def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
     """...and a config seen at one size only is kept for its level but never judged."""
     from chunkpilot.contract import Outcome
-    from training.slices import make_slices
+    from judge.slices import make_slices
 
     partition = Partition(tmp_path / "telemetry")
     fast = [Outcome.model_validate(outcome(ttft_ms=t, prefill_ms=t - 4)) for t in (43.5, 45.0, 44.0)]

@@ -236,8 +236,8 @@ def test_training_against_a_real_mlflow_server(small_dataset, mlflow_server, mon
 
 
 def test_search_starts_from_the_defaults_and_keeps_the_best_trial(small_dataset):
+    from judge.slices import make_slices
     from training.search import search
-    from training.slices import make_slices
 
     table = load_table(small_dataset)
     best, trials = search(DEFAULT, {}, table, make_slices(table.configs), minutes=0.01)

@@ -1,5 +1,5 @@
 """The baselines a recipe must beat, fitted on training configs and asked about held-out ones: the
-lineup every judge uses (chunkpilot.lineup: one shot, the backend's default, the best single size
+lineup every judge uses (judge.lineup: one shot, the backend's default, the best single size
 of the machine, the rules, fixed 1024, and the strongest of them per machine), lookups, a
 classifier, a ranker, and the regressor with the ranker's order that was served before recipes
 (rank+level). Each returns, per held-out group, the chosen chunk size among that group's measured
@@ -8,18 +8,17 @@ classifier, a ranker, and the regressor with the ranker's order that was served 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Protocol
 
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from chunkpilot.chunks import clamp_chunk, describe_hand_rule, landed, rule_candidate
-from chunkpilot.contract import window_column
+from chunkpilot.chunks import describe_hand_rule, landed
 from chunkpilot.features import FEATURES
-from chunkpilot.lineup import anchor_for, anchor_key, applied, backend_default, best_single_size, fit_anchors, pooled
 from estimator.cost_models import PerCandidate
+from judge.lineup import anchor_for, anchor_key, applied, backend_default, best_single_size, fit_anchors, pooled
+from judge.metrics import HeldOutChoices
 
 from .data import Table
 
@@ -36,33 +35,9 @@ CHUNK_DEPENDENT = {
 CONFIG_FEATURES = [i for i, name in enumerate(FEATURES) if name not in CHUNK_DEPENDENT]
 
 
-def limited(rows: pd.DataFrame, chunk: int) -> int:
-    """A fixed choice cut to what the config allows (ring: <= window; <= context), as the engine does."""
-    first = rows.iloc[0]
-    return clamp_chunk(chunk, int(first.context_length), window_column(first.window), first.layout)
-
-
-def rule_chunk(rows: pd.DataFrame) -> int:
-    """The hand rule's size among a config's measured candidates."""
-    first = rows.iloc[0]
-    return rule_candidate(
-        rows.chunk_size.tolist(), int(first.context_length), window_column(first.window), first.layout
-    )
-
-
 def quiet_lgb(**params) -> dict:
     # one thread: these tables are small, and a second would spin-wait against other work
     return {"verbose": -1, "num_threads": 1, "seed": 0, **params}
-
-
-@dataclass
-class HeldOutChoices:
-    """A policy's choice for every held-out config of a fold (a recipe's own, one request at a time:
-    estimator.recipe.Choice)."""
-
-    chunks: dict[str, int]  # group -> chosen chunk size
-    predicted_ms: np.ndarray | None = None  # per test row, for regressors
-    deferred: set[str] | None = None  # groups where a do-no-harm recipe took the anchor's size instead
 
 
 class HeldOutPolicy(Protocol):
@@ -81,7 +56,7 @@ class Baseline(HeldOutPolicy, Protocol):
 
 
 class Spec:
-    """A baseline of the lineup (chunkpilot.lineup) on held-out configs: the size its spec runs for
+    """A baseline of the lineup (judge.lineup) on held-out configs: the size its spec runs for
     each config, landed on the config's measured sizes, as the engine would run it."""
 
     name: str
@@ -114,7 +89,7 @@ class FixedSpec(Spec):
 
 
 class BackendDefault(Spec):
-    """What each config's backend does when nobody picks a size (chunkpilot.lineup.backend_default)."""
+    """What each config's backend does when nobody picks a size (judge.lineup.backend_default)."""
 
     name = "backend-default"
 
@@ -141,7 +116,7 @@ class BestSingleSize(Spec):
 
 class Strongest(Spec):
     """The strongest baseline of each config's machine, backend and kernel on the training configs
-    (chunkpilot.lineup.fit_anchors): the anchor of the served recipe's do-no-harm."""
+    (judge.lineup.fit_anchors): the anchor of the served recipe's do-no-harm."""
 
     name = "strongest-baseline"
 
@@ -291,6 +266,6 @@ LINEUP = {b.name for b in lineup_baselines()}  # the simple baselines: the stron
 
 def baselines(every: bool = True) -> list:
     """Every baseline, or (every=False) the lineup a user compares against, seconds to
-    cross-validate (chunkpilot.lineup). (The analytic fit is a recipe: estimator.recipe.RECIPES.)"""
+    cross-validate (judge.lineup). (The analytic fit is a recipe: estimator.recipe.RECIPES.)"""
     quick = lineup_baselines()
     return quick + [NearestConfig(), ChunkClassifier(), ChunkRanker(), RankLevel()] if every else quick

@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 
 from estimator.recipe import load_recipe
+from judge.metrics import records
+from judge.slices import Fold
 from store import registry
 
 from .baselines import Baseline, HeldOutPolicy
 from .data import Table, every_candidate, telemetry_since
-from .metrics import METRICS, records, summarize_regret
 from .progress import Stage
 from .served import choose_groups
-from .slices import Fold
 
 Fit = Callable[[Table], dict[str, HeldOutPolicy]]  # a fold's training configs -> fitted policies by name
 
@@ -47,7 +47,7 @@ def cross_validate(
             test = table.subset(test_groups)
             for policy_name, policy in fit(table.subset(train_groups)).items():
                 choice = policy.choose(test)
-                frames[policy_name].append(records(test, choice).assign(slice=name, fold=i))
+                frames[policy_name].append(records(test.rows, choice).assign(slice=name, fold=i))
                 if choice.predicted_ms is not None:
                     predictions[policy_name].append(
                         pd.DataFrame(
@@ -94,26 +94,3 @@ def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, fl
         return float(np.mean(regrets[0])), float(np.mean(regrets[1])), len(regrets[0])
 
     return compare
-
-
-def slice_metrics(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per slice, and `all`: each metric averaged over the slices (every slice weighs the same).
-    With several backends, the family slice per backend too (`family/llama.cpp`: a held-out
-    architecture on that engine), outside `all` (its configs are the family slice's already)."""
-    per = {name: summarize_regret(sub) for name, sub in frame.groupby("slice", sort=False)}
-    everything = {m: float(pd.Series([v[m] for v in per.values()]).mean()) for m in METRICS}
-    family = frame[frame.slice == "family"]
-    if family.backend.nunique() > 1:
-        per |= {f"family/{backend}": summarize_regret(sub) for backend, sub in family.groupby("backend")}
-    return per | {"all": everything}
-
-
-def flat(metrics: dict[str, dict[str, float]]) -> dict[str, float]:
-    """MLflow metric names, the same for the model and every baseline: `mean_regret` (all
-    slices) and `mean_regret.context` (one slice)."""
-    out = {}
-    for name, values in metrics.items():
-        for metric, value in values.items():
-            if value == value:  # MLflow refuses NaN (MAPE of a policy that predicts no TTFT)
-                out[metric if name == "all" else f"{metric}.{name}"] = value
-    return out

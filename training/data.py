@@ -14,8 +14,8 @@ import pandas as pd
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
 from chunkpilot.contract import descriptor_key, window_column
 from chunkpilot.features import INPUT_COLUMNS, build
-from chunkpilot.lineup import MeasuredConfig, anchor_key
 from estimator.cost_models import Measured
+from judge.lineup import MeasuredConfig, anchor_key
 from store.dataset import (
     DataError,
     anchor_configs,
@@ -72,7 +72,7 @@ class Table:
         )
 
     def measured_configs(self) -> dict[str, MeasuredConfig]:
-        """group -> its measured sizes and TTFTs, as chunkpilot.lineup scores a baseline."""
+        """group -> its measured sizes and TTFTs, as judge.lineup scores a baseline."""
         return {f"{config}@{hardware}": m for (config, hardware), m in measured_configs(self.rows).items()}
 
     @property

@@ -7,10 +7,12 @@ from __future__ import annotations
 import random
 import time
 
-from .crossval import cross_validate, slice_metrics
+from judge.metrics import slice_metrics
+from judge.slices import Fold
+
+from .crossval import cross_validate
 from .data import Table
 from .served import served_fit
-from .slices import Fold
 
 # at most 300 trees of 31 leaves (the default): the service walks every tree of every member for
 # each priced chunk of a dozen candidates on every answer

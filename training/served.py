@@ -14,8 +14,8 @@ import pandas as pd
 from chunkpilot.contract import ChunkRequest
 from estimator.cost_models import PerChunk
 from estimator.recipe import Recipe, load_recipe, make_recipe
+from judge.metrics import HeldOutChoices
 
-from .baselines import HeldOutChoices
 from .data import Table
 
 

@@ -17,9 +17,12 @@ import pandas as pd
 
 import chunkpilot
 import estimator
+import judge
 import store
 from chunkpilot.cache import user_cache_dir
 from estimator.recipe import COMPATIBLE, DEFAULT, RECIPES, Recipe, make_recipe
+from judge.metrics import flat, slice_metrics
+from judge.slices import make_slices
 from store import registry
 from store.dataset import LISTS, DataError
 from store.fleet import Gathered, gather
@@ -27,17 +30,16 @@ from store.tracking import log_input, quiet_mlflow, tracking_uri, use_experiment
 
 from . import plots, promotion
 from .baselines import LINEUP, baselines
-from .crossval import cross_validate, fitted, flat, on_recent_telemetry, slice_metrics
+from .crossval import cross_validate, fitted, on_recent_telemetry
 from .data import Table, hardware_table, load_table
 from .memory import MemoryReport, auto_choices, format_memory, judge_memory, pareto_figure
 from .progress import Progress
 from .promotion import Verdict
 from .search import search, slice_regrets
 from .served import fit_recipes, served_fit
-from .slices import make_slices
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the recipe as an MLflow model, logged as code
-MODEL_PACKAGES = (chunkpilot, estimator, store)  # what its code imports, carried in the model (code_paths)
+MODEL_PACKAGES = (chunkpilot, judge, estimator, store)  # what its code imports, carried in the model (code_paths)
 MODEL_REQUIREMENTS = ("lightgbm", "numpy", "pandas", "pydantic", "PyYAML")  # what that imports
 
 # what the registered recipe is judged beside, each its own run: (every baseline?, the other recipes).

@@ -1,17 +1,17 @@
 """Regret on a fixed probe set measured once: every size of every probe timed over the same rounds
-(evaluation.rounds.time_sizes), so that any number of policies, or of rounds of a learning one, are
+(evaluation.rounds.time_sizes; each policy's choices and their decision times by
+evaluation.rounds.timed), so that any number of policies, or of rounds of a learning one, are
 scored on the very same times. A policy's regret on a probe is the median TTFT of the size it picks
 over the best size's; the interval a bootstrap over the rounds, the same resampled rounds for every
 size of every probe, so paired between policies. Net: each policy charged its own decision's time."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
 
-from chunkpilot.intervals import resampled_rounds
+from .intervals import resampled_rounds
 
 Times = dict[int, dict[int, list[float]]]  # probe index -> chunk size -> TTFT ms over the rounds
 Choices = tuple[dict[int, int], dict[int, float]]  # (probe index -> chunk size, -> ms its decision took)
@@ -38,17 +38,6 @@ def bootstrapped(times: Times, per_probe: PerProbe, resamples: int, seed: int = 
 
     boot = [mean(d) for d in draws]
     return mean(np.arange(rounds)), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))
-
-
-def timed(decide: Callable[[int], int], probes: range) -> Choices:
-    """Each probe's choice by `decide(probe index)`, and the time that decision took: what a policy
-    is charged on top of the TTFT of its size (the net regret)."""
-    sizes, ms = {}, {}
-    for i in probes:
-        start = time.perf_counter()
-        sizes[i] = decide(i)
-        ms[i] = (time.perf_counter() - start) * 1e3
-    return sizes, ms
 
 
 def regret(times: Times, choices: Choices, net: bool = False, seed: int = 0) -> Interval:

@@ -10,16 +10,24 @@ decision table built on the cores the engine runs on, `PromptResult.cold_extra_m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from chunkpilot.intervals import resampled_rounds
-
-if TYPE_CHECKING:
-    from .comparison import PromptResult
+from .intervals import resampled_rounds
 
 RESAMPLES = 2000
+
+
+class Raced(Protocol):
+    """One prompt of a race as the judge reads it (evaluation.comparison.PromptResult)."""
+
+    choices: dict[str, int]  # policy -> the size it chose
+    times: dict[int, list[float]]  # size -> TTFT ms per round
+
+    def median(self, size: int) -> float: ...
+    def steady_ms(self, policy: str) -> float: ...
+    def cold_ms(self, policy: str) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class Saving:
         return max(self.high - self.low, self.warm_high - self.warm_low, self.cold_high - self.cold_low) < precision
 
 
-def bootstrap_savings(prompts: list[PromptResult], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
+def bootstrap_savings(prompts: list[Raced], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
     """Each saving from the per-round ratios of the two policies' sizes (module docstring). The
     bootstrap resamples each prompt's rounds, with the same draws for every pair."""
     out = []

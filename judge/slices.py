@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from store.dataset import TELEMETRY_PREFIX
+from chunkpilot.paths import TELEMETRY_PREFIX
 
 Fold = tuple[np.ndarray, np.ndarray]  # (training groups, held-out groups)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .chunks import DEFAULT_CHUNKS, clamp_chunk, landed, rule_size, simple_rule
+from chunkpilot.chunks import DEFAULT_CHUNKS, clamp_chunk, landed, rule_size, simple_rule
 
 Spec = str  # "full", "rule", "simple-rule" or a positive integer, as `--chunk-size` takes them
 
