@@ -41,9 +41,10 @@ WARM_UP_S = 300.0
 @dataclass
 class Answers:
     """The service's answers per kind of request, each kept with when it came (time.monotonic()) and
-    its span of lengths (its own length where it has none): a whole-prompt answer kept as its span's
-    last length, which `RequestFeatures.clamp` cuts to each length's whole prompt. One older than
-    `ttl_s` is stale: it still answers, and is asked again."""
+    its span of lengths (its own length where it has none), as what holds for every length of it:
+    the size (a whole-prompt answer as its span's last length, which `RequestFeatures.clamp` cuts to
+    each length's whole prompt), the model version, no prediction. One older than `ttl_s` is stale:
+    it still answers, and is asked again."""
 
     ttl_s: float
     kinds: dict[str, list[tuple[Decision, float]]] = field(default_factory=dict)  # sorted by span, disjoint
@@ -69,8 +70,15 @@ class Answers:
         length each, from a service without tables, would otherwise pile up)."""
         n = request.context_length
         first, last = answer.span or (n, n)
-        kept = answer.model_copy(
-            update={"span": (first, last), "chunk_size": last if answer.chunk_size == n else answer.chunk_size}
+        # what holds for every length of the span, no prediction made for this one length; the whole
+        # prompt kept as the span's last length, each length's own once clamped
+        kept = Decision(
+            chunk_size=last if answer.chunk_size == n else answer.chunk_size,
+            source=answer.source,
+            schedule=answer.schedule,
+            model_version=answer.model_version,
+            deferred=answer.deferred,
+            span=(first, last),
         )
         with self.lock:
             held = self.kinds.setdefault(request.kind(), [])
@@ -88,6 +96,8 @@ def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) ->
 _warned = False
 
 
+SERVED = ("model", "table", "anchor")  # the sources a service answers with
+ANSWERED = ("predicted_ttft_ms", "model_version", "rule", "anchor")  # what its every answer carries
 BUDGET = "memory_budget_mb"
 BUDGET_REFUSALS = ("over_memory_budget", "no_memory_model")  # the model's refusals of a budget (estimator.decide)
 
@@ -263,9 +273,8 @@ class AutoPolicy(Observing):
             return fall_back(request, self.last_error, self.anchor(request))
         with self.lock:
             self.breaker.record(True)
-            if answer.anchor is not None:
-                key = anchor_key(self.hardware.hardware_id, request.backend, request.attn_impl)
-                self.anchors[key] = Baseline(answer.anchor.name, answer.anchor.spec)
+            key = anchor_key(self.hardware.hardware_id, request.backend, request.attn_impl)
+            self.anchors[key] = Baseline(answer.anchor.name, answer.anchor.spec)
             if answer.model_version != self.version:  # a promotion: answers of the old model go
                 self.version, self.answers = answer.model_version, Answers(self.cache_ttl_s)
             if not answer.explored:  # an exploration is for this prefill only
@@ -300,6 +309,11 @@ class AutoPolicy(Observing):
         response = self.client.post("/v1/chunk-size", content=body, headers=JSON)
         response.raise_for_status()
         answer = Decision.model_validate_json(response.content, strict=True)  # the service's own model
+        missing = [name for name in ANSWERED if getattr(answer, name) is None]
+        if answer.source not in SERVED or missing:
+            raise ValueError(
+                f"not a service's answer: source {answer.source!r}, missing {', '.join(missing) or 'nothing'}"
+            )
         if not 1 <= answer.chunk_size <= request.max_chunk:
             raise ValueError(f"infeasible chunk {answer.chunk_size} (allowed 1..{request.max_chunk})")
         n, span = request.context_length, answer.span

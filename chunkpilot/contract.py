@@ -435,13 +435,20 @@ class ChunkRequest(RequestFeatures):
         )
 
 
+# who answered: the service's recipe now (model), its decision table (table) or its anchor while the
+# table builds (anchor); the engine's client: the service, its cache, the model loaded in-process, or
+# the anchor as a fallback; else a policy of the engine's own
+Reached = Literal["service", "cache", "in-process", "fallback"]  # how `auto`'s decision reached the engine
+Source = Literal["model", "table", "anchor", "fixed", "full", "rule", "schedule"] | Reached
+
+
 class Outcome(Contract):
     """One prefill the engine ran under `auto`, as it reports it (telemetry): the request, the
     chosen chunk and where the choice came from, and what it measured."""
 
     request: ChunkRequest
     chunk_size: int = Field(ge=1, le=MAX_CONTEXT)
-    source: Literal["service", "cache", "in-process", "fallback"]
+    source: Reached
     model_version: str | None = Field(default=None, max_length=32)
     explored: bool = False  # the service answered a candidate other than its argmin
     tokenize_ms: float = Field(ge=0, le=MAX_MS)
@@ -500,14 +507,6 @@ class Anchor(Candidate):
 
     name: str = Field(description="the baseline, e.g. 'best single size (2048)', 'one shot', 'simple rule'")
     spec: str = Field(description="the baseline as `--chunk-size` takes it: a size, 'full', 'rule' or 'simple-rule'")
-
-
-# who answered: the service's recipe now (model), its decision table (table) or its anchor while the
-# table builds (anchor); the engine's client: the service, its cache, the model loaded in-process, or
-# the anchor as a fallback; else a policy of the engine's own
-Source = Literal[
-    "model", "table", "anchor", "service", "cache", "in-process", "fallback", "fixed", "full", "rule", "schedule"
-]
 
 
 class Decision(BaseModel):

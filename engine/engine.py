@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import torch
@@ -70,8 +71,8 @@ class TTFTResult:
     first_logits: torch.Tensor = field(repr=False)  # [V], for exactness checks; not serialised
 
     def to_dict(self) -> dict:
-        fields = {f: getattr(self, f) for f in self.__dataclass_fields__ if f not in ("first_logits", "decision")}
-        return {**fields, "decision": self.decision.model_dump(mode="json")}
+        plain = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("first_logits", "decision")}
+        return {**copy.deepcopy(plain), "decision": self.decision.model_dump(mode="json")}
 
 
 TIMING_FIELDS = ("tokenize_ms", "decision_ms", "prefill_ms", "first_decode_ms", "ttft_ms")

@@ -114,8 +114,8 @@ def gains_of(decision: Decision) -> tuple[Gain, ...]:
     return decision._gains
 
 
-def with_gains(decision: Decision, gains: tuple[Gain, ...]) -> Decision:
-    """`decision` carrying `gains` (private: never sent)."""
+def attach_gains(decision: Decision, gains: tuple[Gain, ...]) -> Decision:
+    """`decision`, a fresh one, made to carry `gains` (set in place: private, never sent)."""
     decision._gains = gains
     return decision
 
@@ -291,7 +291,7 @@ def _decision(
         candidates=candidate,
         memory_margin=margin,
     )
-    return with_gains(decision, gains)
+    return attach_gains(decision, gains)
 
 
 def within(fits: np.ndarray, index: int) -> int:

@@ -37,7 +37,6 @@ from judge.lineup import Baseline, MeasuredConfig, anchor_for, anchor_key, fit_a
 FEATURE_SET = [*FEATURES, *(f"chunk.{name}" for name in chunk_features.NAMES)]
 
 RECIPE_FILE = "recipe.json"
-HARDWARE_FILE = "hardware.json"  # the machines it resolves requests against (absent in older folders: none)
 # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin; 3: anchors;
 # 4: the memory model (estimator.memory), null where no row measured its peak
 FORMAT = 4
@@ -110,7 +109,8 @@ class Recipe:
     anchors: dict[str, Baseline] = field(default_factory=dict)  # judge.lineup.anchor_key -> its anchor
     memory: MemoryModel | None = None  # each candidate's peak memory (None: no row measured it)
     # the machines it was trained on: hardware_id -> {"static": {...}, "descriptors": {"dtype/threads":
-    # {...}}}, resolving a request's hardware_id to their own measured descriptors
+    # {...}}}, resolving a request's hardware_id to their own measured descriptors (saved beside the
+    # recipe by the registry, store.registry.HARDWARE_FILE; none: each request's own descriptors)
     hardware: dict = field(default_factory=dict)
     version: str | None = None  # the registered model version it serves as (its decisions say so)
     table: DecisionTable = field(init=False, repr=False, compare=False)  # its decisions by segment of lengths
@@ -214,7 +214,6 @@ class Recipe:
             "memory": None if self.memory is None else self.memory.save(),
         }
         (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
-        (folder / HARDWARE_FILE).write_text(json.dumps(self.hardware, sort_keys=True))
         return folder
 
 
@@ -236,10 +235,8 @@ def load_recipe(folder: Path) -> Recipe:
         )
     anchors = {key: Baseline(*anchor) for key, anchor in saved["anchors"].items()}
     memory = None if saved["memory"] is None else MemoryModel.load(saved["memory"])
-    machines = Path(folder) / HARDWARE_FILE
-    hardware = json.loads(machines.read_text()) if machines.is_file() else {}
     cost = load_cost_model(Path(folder), saved["cost"])
-    return Recipe(saved["name"], cost, Chooser(**saved["chooser"]), None, anchors, memory, hardware)
+    return Recipe(saved["name"], cost, Chooser(**saved["chooser"]), None, anchors, memory)
 
 
 # the recipes training judges side by side; DEFAULT is the one registered (see the table in docs/training.md)

@@ -21,6 +21,7 @@ import bisect
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from chunkpilot.chunks import DEFAULT_CHUNKS, Segment, length_cell, segments
 from chunkpilot.contract import Candidate, ChunkRequest, Decision
 
-from .decide import Infeasible, gains_of, with_gains
+from .decide import Infeasible, attach_gains, gains_of
 
 MAX_KINDS = 64  # kinds kept (least recently asked go first): a client inventing kinds costs memory only so far
 REBUILD_S = 30.0  # a kind's cells are rebuilt after a learn at most this often
@@ -58,9 +59,9 @@ def agree(low: Decided, high: Decided) -> bool:
     return at_a == at_b or (at_a == a and at_b == b)
 
 
-def _peaks(end: int, response: Decision) -> dict[int | str, float | None]:
+def _peaks(end: int, decision: Decision) -> dict[int | str, float | None]:
     """Each candidate's predicted peak at `end` by size ("full": the whole prompt)."""
-    return {"full" if c.chunk_size == end else c.chunk_size: c.predicted_peak_mb for c in response.candidates}
+    return {"full" if c.chunk_size == end else c.chunk_size: c.predicted_peak_mb for c in decision.candidates}
 
 
 def answer_at(segment: Segment[Decision], n: int) -> Decision:
@@ -99,7 +100,7 @@ def answer_at(segment: Segment[Decision], n: int) -> Decision:
             "memory_margin": answer.memory_margin,
         }
     )
-    return with_gains(decision, gains_of(answer))  # relative: the end's hold here
+    return attach_gains(decision, gains_of(answer))  # relative: the end's hold here
 
 
 @dataclass
@@ -123,8 +124,10 @@ class DecisionTable:
     """Kinds of request -> their segments' answers, and the thread that builds them."""
 
     def __init__(self, decide_many: DecideMany, builds: bool = True) -> None:
-        self.decide_many = decide_many  # the recipe's decisions for a request's kind at many lengths at once
-        self.builds = builds  # False: nothing is built in the background, every lookup misses
+        # the recipe's decisions for a request's kind at many lengths at once; weak, as the recipe
+        # holds its table: no reference cycle keeps a fold's forests alive
+        self._decide_many = weakref.WeakMethod(decide_many)
+        self.builds = builds  # False: nothing is built in the background (only `build_now` builds)
         self.kinds: OrderedDict[str, Kind] = OrderedDict()
         self.generation = 0  # bumped by every learn: cells built before it are rebuilt
         self.ready = threading.Condition()  # guards kinds and generation; the builder waits on it
@@ -219,7 +222,7 @@ class DecisionTable:
         """The cells' segments for the request's kind (no segment where no candidate fits)."""
 
         def decided(lengths: list[int]) -> list[Decision | None]:
-            return [None if isinstance(d, Infeasible) else d for d in self.decide_many(request, lengths)]
+            return [None if isinstance(d, Infeasible) else d for d in self._decide_many()(request, lengths)]
 
         return segments(decided, agree, cells)
 
@@ -237,9 +240,10 @@ class DecisionTable:
         no candidate fits there): what cross-validation asks, where the service queues the cell."""
         cell = cell_of(request)
         with self.ready:
-            kind = self._kind(request)
-        if cell not in kind.built:
-            self._keep(kind, [cell], self._segments(kind.request, [cell]), kind.generation)
+            kind, generation = self._kind(request), self.generation
+            built = cell in kind.built
+        if not built:
+            self._keep(kind, [cell], self._segments(kind.request, [cell]), generation)
         return self.lookup(request, queue=False)
 
     def summary(self) -> dict:

@@ -257,6 +257,9 @@ def garbage_app(delay_s: float = 0.0, reply: str = "not json") -> FastAPI:
         lambda: serve(garbage_app(reply="not json")),  # garbage
         lambda: serve(garbage_app(reply=json.dumps({"chunk_size": 100000, "model_version": "1"}))),  # infeasible
         lambda: serve(garbage_app(reply=json.dumps({"chunk_size": "big"}))),  # wrong type
+        # a decision, but not a service's: an engine's own source, no prediction, no anchor
+        lambda: serve(garbage_app(reply=json.dumps({"chunk_size": 256, "source": "cache"}))),
+        lambda: serve(garbage_app(reply=json.dumps({"chunk_size": 256, "source": "model", "model_version": "1"}))),
     ],
 )
 def test_fallback_to_the_anchor_with_bounded_delay(make_server):

@@ -192,7 +192,7 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     import math
 
     from chunkpilot.contract import Anchor, Candidate, Decision
-    from estimator.decide import Gain, expected_gain, with_gains
+    from estimator.decide import Gain, attach_gains, expected_gain
 
     top = [Candidate(chunk_size=512, predicted_ttft_ms=best_ms), Candidate(chunk_size=768, predicted_ttft_ms=other_ms)]
     gain = expected_gain(math.log(other_ms / best_ms), sd)
@@ -206,7 +206,7 @@ def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
         model_version="1",
         source="model",
     )
-    return with_gains(answer, (Gain(768, other_ms / best_ms, gain),))
+    return attach_gains(answer, (Gain(768, other_ms / best_ms, gain),))
 
 
 def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expected_to_gain():
@@ -225,7 +225,7 @@ def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expecte
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
     from chunkpilot.contract import Anchor, Candidate, Decision
-    from estimator.decide import Gain, with_gains
+    from estimator.decide import Gain, attach_gains
     from predictor.explore import Explorer
 
     sizes = [Candidate(chunk_size=c, predicted_ttft_ms=ms) for c, ms in ((512, 100.0), (768, 101.0), (256, 110.0))]
@@ -240,9 +240,9 @@ def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
         model_version="1",
         source="model",
     )
-    answer = with_gains(response, (Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
+    answer = attach_gains(response, (Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
     assert Explorer(budget=0.5).explore(answer, N).chunk_size == 256
-    whole = with_gains(
+    whole = attach_gains(
         response.model_copy(), (Gain("full", 1.1, 0.04),)
     )  # the whole prompt: its length, whatever it is
     assert Explorer(budget=0.5).explore(whole, N).chunk_size == N

@@ -20,13 +20,13 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.chunks import landed, rule_size
-from chunkpilot.contract import ChunkRequest, window_column
+from chunkpilot.contract import window_column
 from estimator.decide import Infeasible
 from estimator.memory import MIB, MemoryModel, held_out
 from estimator.recipe import DEFAULT, Recipe
 
 from .data import Table, hardware_table
-from .served import fit_recipes
+from .served import fit_recipes, request_of
 
 SHARES = (0.5, 0.25)  # budgets as shares of one shot's measured peak
 
@@ -105,8 +105,7 @@ def auto_choices(recipe: Recipe, config: pd.DataFrame, shares: tuple[float, ...]
     """The recipe's choice for one config (its measured rows), asked as the service is asked
     (`Recipe.decide`, the measured sizes as candidates): unconstrained, and under a budget of
     each share of its measured one-shot peak (none on a ring: it has no one shot)."""
-    sizes = ["full" if full else int(c) for c, full in zip(config.chunk_size, config.is_full, strict=True)]
-    request = ChunkRequest.from_row(config.iloc[0].to_dict()).model_copy(update={"candidates": sizes})
+    request = request_of(config)
     out: Choices = {"auto": recipe.decide(request).chunk_size}
     one_shot = config[config.is_full]
     for share in shares if not one_shot.empty else ():

@@ -24,7 +24,7 @@ from store.registry import HARDWARE_FILE, RECIPE
 NESTED = ("model", "attention", "hardware", "candidates")  # objects or lists: a row may give them as JSON text
 
 
-def request_of(row: int, record: dict) -> ChunkRequest:
+def row_request(row: int, record: dict) -> ChunkRequest:
     """One row of the input as the contract's request; a bad one raises naming the row and the field."""
     given = {k: v for k, v in record.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
     for name in NESTED:
@@ -50,7 +50,7 @@ class RecipeModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         try:
             rows = [
-                row_of(self.recipe.decide(request_of(i, record)))
+                row_of(self.recipe.decide(row_request(i, record)))
                 for i, record in enumerate(model_input.to_dict("records"))
             ]
         except (ConfigError, Infeasible) as exc:  # a 400 naming the field, not a traceback

@@ -69,10 +69,9 @@ def fit_recipes(
                 twin = Recipe(name, recipe.cost.untimed, anchors=recipe.anchors, memory=recipe.memory)
                 fitted.setdefault(recipe.cost.untimed.kind, twin)
         done = fitted[kind]
-        like = Recipe(
-            name, done.cost, recipe.chooser, anchors=done.anchors, memory=done.memory, hardware=hardware or {}
-        )
-        out[name] = load_recipe(like.save(folder / name))
+        saved = Recipe(name, done.cost, recipe.chooser, anchors=done.anchors, memory=done.memory).save(folder / name)
+        out[name] = load_recipe(saved)
+        out[name].hardware = hardware or {}  # saved beside it by the registry (store.registry.HARDWARE_FILE)
     return out
 
 
