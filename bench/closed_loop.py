@@ -33,10 +33,10 @@ import httpx
 import numpy as np
 from mlflow import MlflowClient
 
-from auto.client import AutoPolicy, make_auto
+from auto.client import AutoPolicy, InProcessPolicy, make_auto
 from auto.telemetry import Reporter, to_service
 from chunkpilot.chunks import landed
-from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ModelShape
+from chunkpilot.contract import AttentionConfig
 from chunkpilot.paths import SHIPPED_DIR
 from cli.processes import free_port, start_service, wait_ready
 from engine.config import EngineConfig
@@ -48,7 +48,7 @@ from evaluation.lineup import machine_best
 from evaluation.rounds import time_sizes, timed
 from judge.lineup import lineup
 from judge.regret import Choices, Times, regret, regret_gap
-from predictor.model import load_predictor, past_outcomes
+from predictor.model import past_outcomes
 from store.registry import CHAMPION, MODEL_NAME
 from training.train import format_result, train
 
@@ -108,30 +108,15 @@ def probe_times(engines: dict[str, Engine], rounds: int, machine: str, path: Pat
     return times
 
 
-def model_choices(uri: str, hardware, threads: int, telemetry: Path | None = None) -> tuple[Choices, int]:
-    """(the served recipe's choice for each probe, asked as the engine asks, with the time of that
-    first decision; the prefills its correction learnt from): the champion, corrected by the outcomes
-    in `telemetry` as the service loads it, in this process (no HTTP: the in-process cost)."""
-    predictor = load_predictor(uri, MODEL_NAME, CHAMPION)
-    if predictor.forests is not None:  # compiled once per machine and model: a cost of its own (predictor_latency.py)
-        predictor.forests.join()
-    learnt = predictor.learn(past_outcomes(telemetry).outcomes) if telemetry is not None else 0
-
-    def decide(i: int) -> int:
-        model, workload = PROBES[i]
-        shape = PRESETS.get(model) or ModelShape.from_file(Path(model))
-        request = ChunkRequest(
-            context_length=workload.context_length,
-            model=shape,
-            attention=workload.attention,
-            threads=threads,
-            hardware=hardware,
-        )
-        return predictor.answer(request).chunk_size
-
-    choices = timed(decide, range(len(PROBES)))
-    predictor.close()
-    return choices, learnt
+def served_auto(uri: str, hardware, telemetry: Path | None = None) -> tuple[InProcessPolicy, int]:
+    """(`auto` in-process on the champion of `uri`, corrected by the outcomes in `telemetry` as the
+    service loads it, with its forests compiled; the prefills its correction learnt from): asked
+    about each probe as the engine asks it, its first decision timed (no HTTP: the in-process cost)."""
+    policy = InProcessPolicy(uri, hardware)
+    if policy.predictor.forests is not None:  # compiled once per machine and model (predictor_latency.py)
+        policy.predictor.forests.join()
+    learnt = policy.predictor.learn(past_outcomes(telemetry).outcomes) if telemetry is not None else 0
+    return policy, learnt
 
 
 def serve_workload(engines: dict[str, Engine], policy: AutoPolicy, count: int, rng: random.Random) -> float:
@@ -208,7 +193,6 @@ def main() -> None:
         reference_uri = f"sqlite:///{work / 'reference' / 'mlflow.db'}"
 
     engines = {m: Engine(EngineConfig(model=m)) for m in MODELS}
-    threads = engines[MODELS[0]].runtime.threads
     hardware = engines[MODELS[0]].hardware()
     times = probe_times(engines, args.probe_rounds, machine, args.probe_times)
 
@@ -218,14 +202,16 @@ def main() -> None:
             size = policy.decide(engines[model].request(workload.context_length, workload.attention)).chunk_size
             return landed(times[i], size)  # the measured size it runs as
 
-        return timed(decide, probes)
+        choices = timed(decide, probes)
+        policy.close()
+        return choices
 
     probes = range(len(PROBES))
     best = machine_best(SHIPPED_DIR, engines[MODELS[0]])  # None where the shipped data has no rows of it
     baselines = {b.name: by(BaselinePolicy(b)) for b in lineup(engines[MODELS[0]].backend, best)}
     scores = {name: regret(times, choices) for name, choices in baselines.items()}
     strongest = min(scores, key=lambda name: scores[name][0])
-    reference = regret(times, model_choices(reference_uri, hardware, threads)[0])
+    reference = regret(times, by(served_auto(reference_uri, hardware)[0]))
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -238,7 +224,8 @@ def main() -> None:
         wait_ready(url, service)
         for k in range(args.rounds + 1):
             champion = httpx.get(f"{url}/readyz").json()["version"]
-            choices, learnt = model_choices(store_uri, hardware, threads, data / "telemetry")
+            policy, learnt = served_auto(store_uri, hardware, data / "telemetry")
+            choices = by(policy)
             row = {
                 "round": k,
                 "version": champion,

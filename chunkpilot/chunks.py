@@ -178,7 +178,6 @@ def segments(
     decide: Callable[[list[int]], list[T | None]],
     agree: Callable[[tuple[int, T], tuple[int, T]], bool],
     cells: Iterable[tuple[int, int]],
-    at: int | None = None,
 ) -> list[Segment[T]]:
     """Each cell (first, last) of lengths as segments of one decision, in order of length: decided
     at its two ends, and where they disagree the choice flips in between, so the lengths are halved
@@ -186,9 +185,8 @@ def segments(
     decision taken at it wherever a flip is found. `decide` takes many lengths at once (every cell's
     ends, then each round's midpoints: a few batched calls, not one per length) and says None for a
     length it has no decision for (no candidate fits, a prediction not finite): that length's cell is
-    left out, the error being the request path's to give. `at`:
-    only the segment holding that length (the same decisions the whole walk takes on its way there)."""
-    cells = [(first, last) for first, last in cells if at is None or first <= at <= last]
+    left out, the error being the request path's to give."""
+    cells = list(cells)
     known: dict[int, T | None] = {}
 
     def decided(lengths: Iterable[int]) -> None:
@@ -210,18 +208,14 @@ def segments(
             elif agree(low, high):
                 found[cell].append(Segment(first, b, low, high))
             elif b - a <= 1:
-                if first <= a and (at is None or at == a):
+                if first <= a:
                     found[cell].append(Segment(a, a, low, low))
-                if at is None or at == b:
-                    found[cell].append(Segment(b, b, high, high))
+                found[cell].append(Segment(b, b, high, high))
             else:
                 split.append((cell, first, low, high, (a + b) // 2))
         decided(m for *_, m in split)
         pending = []
         for cell, first, low, high, m in split:
             mid = (m, known[m])
-            if at is None or at <= m:
-                pending.append((cell, first, low, mid))
-            if at is None or at > m:
-                pending.append((cell, m + 1, mid, high))
+            pending += [(cell, first, low, mid), (cell, m + 1, mid, high)]
     return sorted((s for made in found.values() for s in made), key=lambda s: s.first)

@@ -9,7 +9,7 @@ type) with what only the service reads kept private (exploring's gains). `Recipe
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -81,12 +81,6 @@ def candidates(request: ChunkRequest, n: int | None = None) -> list[int]:
     return chosen
 
 
-def rule_size(request: ChunkRequest, chunks: list[int], n: int | None = None) -> int:
-    """The hand rule's size among `chunks` (for a prompt of `n` tokens, else the request's)."""
-    att = request.attention
-    return rule_candidate(chunks, n or request.context_length, att.window, att.layout)
-
-
 def anchor_size(anchor: Baseline, request: ChunkRequest, chunks: list[int], n: int | None = None) -> int:
     """The anchor's size among `chunks` (for a prompt of `n` tokens, else the request's)."""
     att = request.attention
@@ -101,10 +95,11 @@ def feature_rows(table: dict, request: ChunkRequest, chunks: list[int]) -> np.nd
 
 class Gain(NamedTuple):
     """Another candidate and what measuring it is expected to save, both relative to the choice: what
-    exploring weighs (predictor/explore.py). Relative, so that every length of a table segment shares
-    its end's (a plain tuple: a decision carries a dozen)."""
+    exploring weighs (predictor/explore.py). Relative, so that a table segment's lengths read its
+    end's (estimator.table.answer_at: the whole prompt moved to each one's length). A plain tuple:
+    a decision carries a dozen."""
 
-    chunk_size: int | Literal["full"]  # "full": the whole prompt, whatever its length
+    chunk_size: int  # the prompt's length: the whole prompt
     ratio: float  # its predicted TTFT / the choice's
     gain: float  # the expected saving of measuring it, as a share of the choice's predicted TTFT
 
@@ -210,12 +205,12 @@ def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> li
                 out.append(over_budget(budget, margin, chunks, peaks))
                 continue
             anchored = within(fits, anchored)
-        choice = recipe.choose(members[:, rows], x[rows], anchored, known, fits)
+        choice = recipe.pick(members[:, rows], x[rows], anchored, known, fits)
         ms = np.exp(choice.log_ms).tolist()
         if not all(map(math.isfinite, ms)):
             out.append(Infeasible("the model predicted a non-finite TTFT for this request", "non_finite"))
             continue
-        rule = chunks.index(rule_size(request, chunks, n))
+        rule = chunks.index(rule_candidate(chunks, n, request.attention.window, request.attention.layout))
         peak_list = None if peaks is None else peaks.tolist()
         fit_list = None if fits is None else fits.tolist()
         out.append(
@@ -254,11 +249,7 @@ def _decision(
     ]
     gaps = (choice.log_ms - choice.log_ms[best]).tolist()
     gains = tuple(
-        Gain(
-            "full" if chunks[i] == n else chunks[i],
-            ms[i] / ms[best],
-            expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)),
-        )
+        Gain(chunks[i], ms[i] / ms[best], expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)))
         for i in order
         if i != best
     )

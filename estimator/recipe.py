@@ -181,7 +181,7 @@ class Recipe:
         """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
         return self.cost.members(x, self._adjust())
 
-    def choose(
+    def pick(
         self, members: np.ndarray, x: np.ndarray, anchor: int, known: bool = True, fits: np.ndarray | None = None
     ) -> Choice:
         """One config's candidates, `x` [candidates, FEATURES], their members [K, candidates] (a

@@ -100,7 +100,9 @@ def answer_at(segment: Segment[Decision], n: int) -> Decision:
             "memory_margin": answer.memory_margin,
         }
     )
-    return attach_gains(decision, gains_of(answer))  # relative: the end's hold here
+    # relative: the end's hold here, the whole prompt moved to n as the candidates are
+    gains = tuple(g._replace(chunk_size=n) if g.chunk_size == end else g for g in gains_of(answer))
+    return attach_gains(decision, gains)
 
 
 @dataclass

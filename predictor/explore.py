@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from chunkpilot.contract import Decision
-from estimator.decide import Gain, gains_of
+from estimator.decide import gains_of
 
 MIN_GAIN = 0.0005  # expected gain, as a share of the choice's TTFT, below which a candidate is not worth measuring
 
@@ -36,12 +36,9 @@ class Explorer:
     def spent_share(self) -> float:
         return self.spent_ms / self.served_ms if self.served_ms else 0.0
 
-    def explore(self, best: Decision, n: int, shadow: int | None = None, key: str = "") -> Decision:
-        """`best` for a prompt of `n` tokens, or another candidate marked explored; `shadow` is the
-        waiting challenger's choice, `key` its neighbourhood (correction.neighbourhood)."""
-
-        def size(g: Gain) -> int:
-            return n if g.chunk_size == "full" else g.chunk_size
+    def explore(self, best: Decision, shadow: int | None = None, key: str = "") -> Decision:
+        """`best`, or another of its candidates marked explored; `shadow` is the waiting challenger's
+        choice, `key` its neighbourhood (correction.neighbourhood)."""
 
         gains = gains_of(best)
         with self._lock:
@@ -51,8 +48,8 @@ class Explorer:
                 return best
             if self.budget <= 0 or not gains:
                 return best
-            other = next((g for g in gains if size(g) == shadow), None) or max(gains, key=lambda g: g.gain)
-            if size(other) != shadow and other.gain < MIN_GAIN:
+            other = next((g for g in gains if g.chunk_size == shadow), None) or max(gains, key=lambda g: g.gain)
+            if other.chunk_size != shadow and other.gain < MIN_GAIN:
                 return best  # the ensemble agrees the choice is best: nothing to learn worth a prefill
             extra = max(other.ratio - 1.0, 0.0) * best.predicted_ttft_ms
             if self.spent_ms + extra > self.budget * self.served_ms:
@@ -64,7 +61,7 @@ class Explorer:
                 self._last.popitem(last=False)
         return best.model_copy(
             update={
-                "chunk_size": size(other),
+                "chunk_size": other.chunk_size,
                 "predicted_ttft_ms": other.ratio * best.predicted_ttft_ms,
                 "explored": True,
                 "span": None,  # for this prefill only

@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from chunkpilot import plausibility
+from chunkpilot.chunks import rule_candidate
 from chunkpilot.contract import Anchor, Candidate, ChunkRequest, ConfigError, Decision, Outcome
 from chunkpilot.correction import Correction
 from chunkpilot.features import base_log_ms
 from estimator.cost_models import PerChunk
-from estimator.decide import anchor_size, candidates, feature_rows, resolve_hardware, rule_size
+from estimator.decide import anchor_size, candidates, feature_rows, resolve_hardware
 from estimator.recipe import Recipe, load_recipe
 from estimator.table import untabled
 from judge.lineup import Baseline
@@ -116,7 +117,8 @@ class Predictor:
         """The anchor's size, priced by the analytic estimate: no model call."""
         chunks = candidates(request)
         anchor, size = self.anchored(request, chunks)
-        rule = rule_size(request, chunks)
+        att = request.attention
+        rule = rule_candidate(chunks, request.context_length, att.window, att.layout)
         candidate = Candidate(chunk_size=size, predicted_ttft_ms=self.estimate_ms(request, size))
         return Decision(
             chunk_size=size,

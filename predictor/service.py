@@ -187,7 +187,7 @@ class ServiceState:
         if request.schedule:  # a schedule's prefill is not a row of the dataset: nothing to learn by exploring
             answer = pick
         else:
-            answer = self.explorer.explore(pick, request.context_length, shadow, neighbourhood(request))
+            answer = self.explorer.explore(pick, shadow, neighbourhood(request))
         if answer.explored:
             self.metrics.explored.inc()
         self.metrics.decisions.labels(size_label(answer.chunk_size, request.context_length), answer.source).inc()

@@ -25,7 +25,6 @@ from predictor.settings import Settings
 from store.dataset import Partition, read_dataset
 from training.data import load_table, merge_telemetry
 
-N = 2048  # the prompt length the explorer's answers are for
 HARDWARE = Hardware(
     hardware_id="telemetry-test", matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9, cores=2
 )
@@ -213,14 +212,14 @@ def test_exploration_stays_within_its_budget_and_only_where_measuring_is_expecte
     from predictor.explore import Explorer
 
     explorer = Explorer(budget=0.01)
-    answers = [explorer.explore(answer_with_runner_up(100.0, 105.0), N) for _ in range(1000)]
+    answers = [explorer.explore(answer_with_runner_up(100.0, 105.0)) for _ in range(1000)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 1000 and all(a.chunk_size == 768 for a in explored)
     assert explorer.spent_ms == pytest.approx(5.0 * len(explored)) and explorer.spent_share <= 0.01  # the budget holds
     sure = Explorer(budget=0.5)  # the members agree the runner-up is 50% slower: nothing to gain
-    assert not any(sure.explore(answer_with_runner_up(100.0, 150.0, sd=0.02), N).explored for _ in range(100))
+    assert not any(sure.explore(answer_with_runner_up(100.0, 150.0, sd=0.02)).explored for _ in range(100))
     off = Explorer(budget=0.0)
-    assert not any(off.explore(answer_with_runner_up(100.0, 100.5), N).explored for _ in range(100))
+    assert not any(off.explore(answer_with_runner_up(100.0, 100.5)).explored for _ in range(100))
 
 
 def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
@@ -241,11 +240,7 @@ def test_exploring_spends_on_the_largest_expected_gain_not_the_runner_up():
         source="model",
     )
     answer = attach_gains(response, (Gain(768, 1.01, 0.003), Gain(256, 1.1, 0.04)))
-    assert Explorer(budget=0.5).explore(answer, N).chunk_size == 256
-    whole = attach_gains(
-        response.model_copy(), (Gain("full", 1.1, 0.04),)
-    )  # the whole prompt: its length, whatever it is
-    assert Explorer(budget=0.5).explore(whole, N).chunk_size == N
+    assert Explorer(budget=0.5).explore(answer).chunk_size == 256
 
 
 def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget():
@@ -253,13 +248,13 @@ def test_exploring_measures_a_waiting_challenger_s_pick_within_the_same_budget()
 
     explorer = Explorer(budget=0.05)
     # the model is sure (a 30% gap), but a challenger picks the other size: worth measuring, if affordable
-    answers = [explorer.explore(answer_with_runner_up(100.0, 130.0, sd=0.02), N, shadow=768) for _ in range(200)]
+    answers = [explorer.explore(answer_with_runner_up(100.0, 130.0, sd=0.02), shadow=768) for _ in range(200)]
     explored = [a for a in answers if a.explored]
     assert 0 < len(explored) < 200 and all(a.chunk_size == 768 for a in explored)
     assert explorer.spent_share <= 0.05
     agreeing = Explorer(budget=0.5)  # a challenger that agrees (or picks outside the top) changes nothing
     sure = answer_with_runner_up(100.0, 130.0, sd=0.02)
-    assert not any(agreeing.explore(sure, N, shadow=s).explored for s in (512, 64))
+    assert not any(agreeing.explore(sure, shadow=s).explored for s in (512, 64))
 
 
 def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trained_store, tmp_path):
