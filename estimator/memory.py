@@ -5,7 +5,10 @@ every candidate so that a request's `memory_budget_mb` can be kept.
 An analytic model with fitted coefficients: the peak is a sum of the buffers a prefill holds at
 once, each a product of the shape, the chunk and the dtype (`terms`): the KV cache (and, where it
 grows by concatenation, as transformers' does, its old copy while a chunk appends), a chunk's
-hidden-state and MLP activations, its attention scores and its logits, and a constant. One
+hidden-state and MLP activations, its attention scores and its logits, and a constant. A buffer
+whose size is known outright keeps a coefficient of 1 (KNOWN: a bf16 model's vocabulary weight,
+repacked while its matmul runs: fitted freely, a kind with one bf16 config held out had nothing to
+fit it on, and its peak came out 4x or a tenth of what it measured). One
 non-negative fit per backend and kernel (their allocators and kernels keep different buffers), on
 the relative error (a budget is a ratio), and one over all rows for a backend or kernel without
 rows. Its safety margins are fitted too, one per backend and kernel: the 99th percentile of how
@@ -29,6 +32,9 @@ PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backend
 MIN_MARGIN = 0.05  # never promise tighter than this, however well the held-out configs fit
 OWN_FIT = 3  # configs a backend and kernel needs for coefficients of its own (else the pooled fit's)
 _col = {name: i for i, name in enumerate(FEATURES)}
+KNOWN = ("repacked",)  # terms that are the buffer itself: coefficient 1, never fitted
+_KNOWN = [TERMS.index(name) for name in KNOWN]
+_FITTED = [i for i in range(len(TERMS)) if i not in _KNOWN]
 
 
 def terms(x: np.ndarray) -> np.ndarray:
@@ -93,8 +99,10 @@ def _kind(x: np.ndarray) -> list[str]:
 
 
 def _fit(t: np.ndarray, mib: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the relative error."""
-    return nnls(t / mib[:, None], np.ones(len(mib)))[0]
+    """Non-negative coefficients minimising the relative error, the KNOWN terms' held at 1."""
+    out = np.ones(len(TERMS))
+    out[_FITTED] = nnls(t[:, _FITTED] / mib[:, None], 1 - t[:, _KNOWN].sum(1) / mib)[0]
+    return out
 
 
 @dataclass

@@ -57,10 +57,10 @@ def test_a_prefill_s_peak_grows_with_its_chunk_and_a_fresh_process_reads_it_with
         assert 0.5 <= ours / fresh[chunk] <= 2, (chunk, ours, fresh[chunk])
 
 
-def rows(n: np.ndarray, c: np.ndarray, backend: str = "chunkpilot") -> np.ndarray:
+def rows(n: np.ndarray, c: np.ndarray, backend: str = "chunkpilot", dtype: str = "float32") -> np.ndarray:
     config = {"window": 0, "layout": "none", "sinks": 0, "global_tokens": 0, "global_every": 0, "num_layers": 4}
     shape = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 4, "head_dim": 64, "intermediate_size": 768}
-    runtime = {"vocab_size": 4096, "parameters": 1e7, "dtype": "float32", "threads": 2, "attn_impl": "split"}
+    runtime = {"vocab_size": 4096, "parameters": 1e7, "dtype": dtype, "threads": 2, "attn_impl": "split"}
     return build(
         {**config, **shape, **runtime, **HARDWARE, "backend": backend, "quant": None, "l2_cache_bytes": 0}
         | {"l3_cache_bytes": 0, "context_length": n, "chunk_size": c}
@@ -81,6 +81,12 @@ def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
     assert model.margin == MIN_MARGIN == model.margin_of(unseen)[0] and len(TERMS) == len(truth)
     budget = model.predict_bytes(unseen)[0] * (1 + MIN_MARGIN) / MIB
     assert model.fits(unseen, budget * 1.001)[0] and not model.fits(unseen, budget * 0.999)[0]
+    # a bf16 config, though no row of the fit was bf16: its vocabulary weight, repacked while its
+    # matmul runs, held once more (a known buffer: coefficient 1, never fitted)
+    bf16 = rows(np.array([6000.0]), np.array([768.0]), dtype="bfloat16")
+    known = TERMS.index("repacked")
+    assert {coefficients[known] for coefficients in (model.pooled, *model.coefficients.values())} == {1.0}
+    assert model.predict_bytes(bf16)[0] / MIB >= terms(bf16)[0, known] > 0
 
 
 @pytest.fixture(scope="module")
