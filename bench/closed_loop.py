@@ -199,8 +199,10 @@ def main() -> None:
     def by(policy: ChunkPolicy) -> Choices:  # each probe asked as the engine asks it, timed
         def decide(i: int) -> int:
             model, workload = PROBES[i]
-            size = policy.decide(engines[model].request(workload.context_length, workload.attention)).chunk_size
-            return landed(times[i], size)  # the measured size it runs as
+            decision = policy.decide(engines[model].request(workload.context_length, workload.attention))
+            if decision.source == "fallback":  # a champion that cannot answer is not scored as its anchor
+                raise SystemExit(f"{policy.name} fell back on probe {i}: {decision.reason}")
+            return landed(times[i], decision.chunk_size)  # the measured size it runs as
 
         choices = timed(decide, probes)
         policy.close()

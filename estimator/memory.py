@@ -32,13 +32,17 @@ PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backend
 MIN_MARGIN = 0.05  # never promise tighter than this, however well the held-out configs fit
 OWN_FIT = 3  # configs a backend and kernel needs for coefficients of its own (else the pooled fit's)
 _col = {name: i for i, name in enumerate(FEATURES)}
-KNOWN = ("repacked",)  # terms that are the buffer itself: coefficient 1, never fitted
+# terms that are the buffer itself: coefficient 1, never fitted. The repacked weight is a CPU's
+# (oneDNN's bf16 matmul); no row tells a GPU's bf16 peak apart yet (no feature names the device,
+# and no GPU row has measured its peak): when one does, the term must be kept to CPU rows
+KNOWN = ("repacked",)
 _KNOWN = [TERMS.index(name) for name in KNOWN]
 _FITTED = [i for i in range(len(TERMS)) if i not in _KNOWN]
 
 
 def terms(x: np.ndarray) -> np.ndarray:
-    """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each; `x`
+    """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each (1 for
+    the KNOWN ones); `x`
     [rows, FEATURES] (chunkpilot.features.build). The KV cache keeps the whole prompt on global
     layers and, on local ones, two windows (ring) or the window and the chunk (shift), with the
     sinks and global tokens; llama.cpp

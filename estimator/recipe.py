@@ -186,8 +186,8 @@ class Recipe:
     ) -> Choice:
         """One config's candidates, `x` [candidates, FEATURES], their members [K, candidates] (a
         batch's share: estimator.decide.decide_many), the anchor's index among them, whether the model
-        `knows` the machine, and which candidates fit a memory budget: the service's call. Without a
-        learnt correction or a budget it is exactly cross-validation's `chooser.pick`."""
+        `knows` the machine, and which candidates fit a memory budget. Without a learnt correction
+        or a budget it is exactly `chooser.pick`."""
         if not known:
             return self.chooser.defer(members, anchor)
         noise = None if self._adjust() is None else self.correction.difference_variance(x)

@@ -1,5 +1,5 @@
 """Cross-validation over the held-out slices: fit on a fold's training configs, choose for its
-held-out configs, and summarise per slice."""
+held-out configs, and record each choice (judge.metrics scores them per slice)."""
 
 from __future__ import annotations
 

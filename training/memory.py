@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from chunkpilot.chunks import landed, rule_size
+from chunkpilot.chunks import rule_candidate
 from chunkpilot.contract import window_column
 from estimator.decide import Infeasible
 from estimator.memory import MIB, MemoryModel, held_out
@@ -211,7 +211,7 @@ def pareto_figure(frame: pd.DataFrame, choices: dict[str, Choices], columns: int
         front = config[config.ttft_ms <= config.ttft_ms.cummin()]  # sorted by memory: faster than all smaller
         ax.step(front.measured_mb, front.ttft_ms, where="post", color="C0", linewidth=1.2, label="Pareto front")
         n, window = int(first.context_length), window_column(first.window)
-        rule = landed(config.chunk_size, rule_size(n, window, first.layout))
+        rule = rule_candidate(config.chunk_size.tolist(), n, window, first.layout)
         marks = {"one shot": (n, "C3", "s"), "hand rule": (rule, "C2", "^")}
         colors = iter(("C1", "C4", "C5", "C6"))
         for name, size in choices.get(g, {}).items():

@@ -40,7 +40,7 @@ from .served import fit_recipes, served_fit
 
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the recipe as an MLflow model, logged as code
 MODEL_PACKAGES = (chunkpilot, judge, estimator, store)  # what its code imports, carried in the model (code_paths)
-MODEL_REQUIREMENTS = ("lightgbm", "numpy", "pandas", "pydantic", "PyYAML")  # what that imports
+MODEL_REQUIREMENTS = ("lightgbm", "numpy", "pandas", "pydantic", "PyYAML", "scipy")  # what that imports
 
 # what the registered recipe is judged beside, each its own run: (every baseline?, the other recipes).
 # `all` is the training table; `recipes` drops the baselines that take minutes (the closed loop);
