@@ -141,7 +141,7 @@ class Recipe:
         yet: the service builds it in the background instead). Infeasible (estimator.decide) when it
         has none."""
         if tabled and not untabled(request):
-            found = self.table.lookup(request, queue=False) or self.table.build_now(request)
+            found = self.table.build_now(request)  # a lookup where its cell is built
             if found is not None:
                 return found
         (decided,) = decide_many(self, request, [request.context_length])

@@ -96,9 +96,10 @@ class Predictor:
         a memory budget)."""
         return None if untabled(request) else self.recipe.table.lookup(request, queue)
 
-    def estimate_ms(self, request: ChunkRequest, chunk: int) -> float:
-        """The analytic TTFT of one size (features.base_log_ms): what the budget weighs a decision against."""
-        return float(np.exp(base_log_ms(feature_rows(self.recipe.hardware, request, [chunk])))[0])
+    def estimate_ms(self, request: ChunkRequest, chunks: list[int]) -> list[float]:
+        """The analytic TTFT of each size (features.base_log_ms), one feature build for them all:
+        what the budget weighs a decision against, and what the anchor's answer is priced by."""
+        return np.exp(base_log_ms(feature_rows(self.recipe.hardware, request, chunks))).tolist()
 
     def affordable(self, request: ChunkRequest) -> bool:
         """Whether deciding now costs at most `budget` of the TTFT the anchor's size would take (a
@@ -106,7 +107,8 @@ class Predictor:
         if self.budget >= 1:
             return True
         chunks = candidates(request)
-        return self.decision_ms <= self.budget * self.estimate_ms(request, self.anchored(request, chunks)[1])
+        (anchor_ms,) = self.estimate_ms(request, [self.anchored(request, chunks)[1]])
+        return self.decision_ms <= self.budget * anchor_ms
 
     def anchored(self, request: ChunkRequest, chunks: list[int]) -> tuple[Baseline, int]:
         """The request's anchor and its size among `chunks`."""
@@ -119,12 +121,13 @@ class Predictor:
         anchor, size = self.anchored(request, chunks)
         att = request.attention
         rule = rule_candidate(chunks, request.context_length, att.window, att.layout)
-        candidate = Candidate(chunk_size=size, predicted_ttft_ms=self.estimate_ms(request, size))
+        at_size, at_rule = self.estimate_ms(request, [size, rule])
+        candidate = Candidate(chunk_size=size, predicted_ttft_ms=at_size)
         return Decision(
             chunk_size=size,
-            predicted_ttft_ms=candidate.predicted_ttft_ms,
+            predicted_ttft_ms=at_size,
             top=[candidate],
-            rule=Candidate(chunk_size=rule, predicted_ttft_ms=self.estimate_ms(request, rule)),
+            rule=Candidate(chunk_size=rule, predicted_ttft_ms=at_rule),
             anchor=Anchor(**candidate.model_dump(), name=anchor.name, spec=anchor.spec),
             model_version=self.version,
             source="anchor",
