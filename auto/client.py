@@ -22,7 +22,7 @@ import httpx
 from pydantic import ValidationError
 
 from auto.telemetry import Reporter, outcome
-from chunkpilot.contract import ChunkRequest, ConfigError, Decision, Hardware, Outcome, RequestFeatures
+from chunkpilot.contract import ChunkRequest, ConfigError, Decision, Hardware, Outcome
 from engine.policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy
 from judge.lineup import Baseline, anchor_for, anchor_key
 from store.registry import CHAMPION, MODEL_NAME
@@ -42,7 +42,7 @@ WARM_UP_S = 300.0
 class Answers:
     """The service's answers per kind of request, each kept with when it came (time.monotonic()) and
     its span of lengths (its own length where it has none), as what holds for every length of it:
-    the size (a whole-prompt answer as its span's last length, which `RequestFeatures.clamp` cuts to
+    the size (a whole-prompt answer as its span's last length, which `ChunkRequest.clamp` cuts to
     each length's whole prompt), the model version, no prediction. One older than `ttl_s` is stale:
     it still answers, and is asked again."""
 
@@ -50,7 +50,7 @@ class Answers:
     kinds: dict[str, list[tuple[Decision, float]]] = field(default_factory=dict)  # sorted by span, disjoint
     lock: threading.Lock = field(default_factory=threading.Lock)  # the background refresh writes too
 
-    def get(self, request: RequestFeatures) -> tuple[Decision, bool] | None:
+    def get(self, request: ChunkRequest) -> tuple[Decision, bool] | None:
         """(the answer holding the request's length, whether it is stale), or None."""
         n = request.context_length
         with self.lock:
@@ -59,12 +59,12 @@ class Answers:
             found = held[i] if i >= 0 and held[i][0].span[1] >= n else None
         return None if found is None else (found[0], time.monotonic() - found[1] >= self.ttl_s)
 
-    def forget(self, request: RequestFeatures) -> None:
+    def forget(self, request: ChunkRequest) -> None:
         """Every answer of the request's kind."""
         with self.lock:
             self.kinds.pop(request.kind(), None)
 
-    def put(self, request: RequestFeatures, answer: Decision, at: float | None = None) -> None:
+    def put(self, request: ChunkRequest, answer: Decision, at: float | None = None) -> None:
         """The answer to `request`, kept for its span in place of the answers it overlaps (a rebuilt
         table may draw other segments), and of the kind's oldest past MAX_SPANS (answers for one
         length each, from a service without tables, would otherwise pile up)."""
@@ -88,9 +88,10 @@ class Answers:
             bisect.insort(held, (kept, time.monotonic() if at is None else at), key=lambda h: h[0].span[0])
 
 
-def ask(request: RequestFeatures, hardware: Hardware, schedule: bool = False) -> ChunkRequest:
-    """The service's question about `request` on this machine (and for its schedule, if asked)."""
-    return ChunkRequest(**dict(request), hardware=hardware, schedule=schedule)
+def ask(request: ChunkRequest, hardware: Hardware, schedule: bool = False) -> ChunkRequest:
+    """The engine's `request` with this machine's measured descriptors in place of its id alone (and
+    for its schedule, if asked): both are checked values, so the copy needs no new check."""
+    return request.model_copy(update={"hardware": hardware, "schedule": schedule})
 
 
 _warned = False
@@ -107,7 +108,7 @@ def budget_refused(detail: str) -> ConfigError:
     return ConfigError(BUDGET, detail.removeprefix(f"{BUDGET}: "))
 
 
-def fall_back(request: RequestFeatures, reason: str, anchor: Baseline) -> Decision:
+def fall_back(request: ChunkRequest, reason: str, anchor: Baseline) -> Decision:
     """The anchor's size, with the reason; the process's first fallback says so on stderr. A request
     with a memory budget is refused instead: the anchor knows nothing of memory, and a prefill run
     past its budget can take the process down."""
@@ -175,11 +176,11 @@ class Observing(ChunkPolicy):
     reporter: Reporter | None
     anchors: dict[str, Baseline]  # judge.lineup.anchor_key -> the model's anchor there
 
-    def anchor(self, request: RequestFeatures) -> Baseline:
+    def anchor(self, request: ChunkRequest) -> Baseline:
         """What a fallback answers: the model's anchor for this machine, backend and kernel."""
         return anchor_for(self.anchors, self.hardware.hardware_id, request.backend, request.attn_impl)
 
-    def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
+    def observe(self, request: ChunkRequest, result: TTFTResult) -> None:
         # the dataset's rows are one size each; the service checks an outcome by its chunks' times, so
         # a backend that shows none (stock generate) reports nothing
         if self.reporter is not None and result.schedule is None and result.chunk_ms:
@@ -222,7 +223,7 @@ class AutoPolicy(Observing):
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return {}
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         explored = self.explorations.pop((request.kind(), request.context_length), None)
         if explored is not None:
             return explored
@@ -238,7 +239,7 @@ class AutoPolicy(Observing):
             return found.model_copy(update={"chunk_size": request.clamp(found.chunk_size), "source": "cache"})
         return self._decide_now(request)
 
-    def _refresh(self, request: RequestFeatures) -> None:
+    def _refresh(self, request: ChunkRequest) -> None:
         """A stale answer asked again, off the decision's path: the answer is the next decision's (an
         exploration is kept for the next prefill of that length, which measures it)."""
         try:
@@ -250,7 +251,7 @@ class AutoPolicy(Observing):
         finally:
             self.refreshing.discard(request.kind())
 
-    def _decide_now(self, request: RequestFeatures) -> Decision:
+    def _decide_now(self, request: ChunkRequest) -> Decision:
         if not self.breaker.allows():
             return fall_back(
                 request,
@@ -281,7 +282,7 @@ class AutoPolicy(Observing):
                 self.answers.put(request, answer)
         return answer.model_copy(update={"source": "service"})
 
-    def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
+    def warm_up(self, requests: list[ChunkRequest], timeout_s: float = WARM_UP_S) -> int:
         """Wait for the service's compiled forests, and ask about each request until the service
         answers it from its decision table (both built in the background: seconds of the service's
         cores, which would otherwise share the machine with the first prefills), then forget the
@@ -304,7 +305,7 @@ class AutoPolicy(Observing):
         self.answers = Answers(self.cache_ttl_s)
         return len(requests) - len(waiting)
 
-    def _ask(self, request: RequestFeatures, schedule: bool | None = None) -> Decision:
+    def _ask(self, request: ChunkRequest, schedule: bool | None = None) -> Decision:
         body = ask(request, self.hardware, self.schedule if schedule is None else schedule).model_dump_json()
         response = self.client.post("/v1/chunk-size", content=body, headers=JSON)
         response.raise_for_status()
@@ -347,7 +348,7 @@ class InProcessPolicy(Observing):
         self.predictor = load_predictor(self.tracking_uri, self.model_name, self.alias)
         self.anchors = self.predictor.recipe.anchors
 
-    def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
+    def observe(self, request: ChunkRequest, result: TTFTResult) -> None:
         """Reported as telemetry (if a reporter is set), and learnt by the loaded recipe's correction at once."""
         super().observe(request, result)
         if result.schedule is None and result.chunk_ms:
@@ -357,7 +358,7 @@ class InProcessPolicy(Observing):
             except ValueError:  # an outcome the contract refuses teaches nothing (the service would refuse it too)
                 pass
 
-    def warm_up(self, requests: list[RequestFeatures], timeout_s: float = WARM_UP_S) -> int:
+    def warm_up(self, requests: list[ChunkRequest], timeout_s: float = WARM_UP_S) -> int:
         """As AutoPolicy.warm_up: the forests compiled, each request's kind queued, and the table
         built (on this process's cores) before the first prefill is timed. Returns how many the
         table answers."""
@@ -373,7 +374,7 @@ class InProcessPolicy(Observing):
         self.predictor.close()  # its table's builder
         super().close()
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         from estimator.decide import Infeasible
 
         try:

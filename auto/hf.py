@@ -13,9 +13,9 @@ import torch
 from transformers import PreTrainedModel
 
 from auto.client import AutoPolicy, InProcessPolicy, auto_at
-from chunkpilot.contract import Decision, RequestFeatures
+from chunkpilot.contract import ChunkRequest, Decision
 from engine.backends import own_attention
-from engine.hardware import local_hardware
+from engine.hardware import local_hardware, this_machine
 from engine.models import DTYPES, shape_of
 from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy
 
@@ -32,21 +32,20 @@ def auto_policy(
     return auto_at(hardware, predictor, timeout_s)
 
 
-def request_features(
-    model: PreTrainedModel, context_length: int, memory_budget_mb: float | None = None
-) -> RequestFeatures:
+def chunk_request(model: PreTrainedModel, context_length: int, memory_budget_mb: float | None = None) -> ChunkRequest:
     """What a policy decides on for a prompt of `context_length` tokens on `model` (within
     `memory_budget_mb` above the loaded model, if given)."""
     attn_impl = "eager" if model.config._attn_implementation == "eager" else "masked"
-    return RequestFeatures(
-        context_length,
-        shape_of(model.config),
-        own_attention(model.config),
-        dtype_name(model),
-        torch.get_num_threads(),
-        attn_impl,
-        "transformers",
+    return ChunkRequest(
+        context_length=context_length,
+        model=shape_of(model.config),
+        attention=own_attention(model.config),
+        dtype=dtype_name(model),
+        threads=torch.get_num_threads(),
+        attn_impl=attn_impl,
+        backend="transformers",
         memory_budget_mb=memory_budget_mb,
+        hardware=this_machine(model.device.type),
     )
 
 
@@ -54,7 +53,7 @@ def prefill_chunk_size(
     model: PreTrainedModel, context_length: int, policy: ChunkPolicy, memory_budget_mb: float | None = None
 ) -> Decision:
     """The decision for a prompt of `context_length` tokens on `model` (as `auto` makes it in the engine)."""
-    return policy.decide(request_features(model, context_length, memory_budget_mb))
+    return policy.decide(chunk_request(model, context_length, memory_budget_mb))
 
 
 def chunked_generate(

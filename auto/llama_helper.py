@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from auto.client import AutoPolicy, InProcessPolicy, auto_at
-from chunkpilot.contract import AttentionConfig, ConfigError, Decision, ModelShape, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ChunkRequest, ConfigError, Decision, ModelShape
 from engine.gguf_export import QUANT_OF
-from engine.hardware import local_hardware
+from engine.hardware import local_hardware, this_machine
 from engine.llama_probe import require
 from engine.policy import DECISION_TIMEOUT_S, ChunkPolicy
 from judge.lineup import applied, backend_default
@@ -43,7 +43,7 @@ def _window(meta: dict, arch: str, layers: int) -> tuple[int | None, int | None]
     return window, int(pattern)
 
 
-def request_features(llm: Any, context_length: int, memory_budget_mb: float | None = None) -> RequestFeatures:
+def chunk_request(llm: Any, context_length: int, memory_budget_mb: float | None = None) -> ChunkRequest:
     """What a policy decides on for a prompt of `context_length` tokens on `llm` (ConfigError, naming
     the field, when its metadata says something the contract cannot hold)."""
     meta = llm.metadata
@@ -71,7 +71,7 @@ def request_features(llm: Any, context_length: int, memory_budget_mb: float | No
         window=window,
         global_every=every,
     )
-    return RequestFeatures(
+    return ChunkRequest(
         context_length,
         shape,
         AttentionConfig(window),
@@ -80,6 +80,7 @@ def request_features(llm: Any, context_length: int, memory_budget_mb: float | No
         backend="llama.cpp",
         quant=QUANT_OF[file_type],
         memory_budget_mb=memory_budget_mb,
+        hardware=this_machine(),
     )
 
 
@@ -103,7 +104,7 @@ def prefill_chunk_size(
 ) -> Decision:
     """The decision for a prompt of `context_length` tokens on `llm`, cut to what one step holds."""
     try:
-        decision = policy.decide(request_features(llm, context_length, memory_budget_mb))
+        decision = policy.decide(chunk_request(llm, context_length, memory_budget_mb))
     except ConfigError as exc:
         default = backend_default("llama.cpp")
         size = applied(default.spec, context_length, None, "shift")  # llama.cpp attends fully

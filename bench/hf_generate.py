@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from auto.hf import auto_policy, prefill_chunk_size, request_features
+from auto.hf import auto_policy, chunk_request, prefill_chunk_size
 from chunkpilot.chunks import simple_rule
 from engine.measure import interleaved
 from engine.models import load_model
@@ -62,7 +62,7 @@ def main() -> None:
         "auto": auto_policy(model, tracking_uri()),
     }
     rng = np.random.default_rng(0)
-    tabled = policies["auto"].warm_up([request_features(model, n) for n in LENGTHS])
+    tabled = policies["auto"].warm_up([chunk_request(model, n) for n in LENGTHS])
     print(f"auto's decision table answers {tabled} of {len(LENGTHS)} lengths (built before any timing)")
     print(
         f"{args.model}: generate's time to the first token, ms (median over {args.rounds} rounds) and the ratio "

@@ -312,8 +312,10 @@ def descriptor_of(key: str) -> tuple[str, int]:
     return dtype, int(threads)
 
 
-class RequestFeatures(Contract):
-    """What a chunk-size policy may look at before a prefill."""
+class ChunkRequest(Contract):
+    """The one question about a prefill, from the engine's policies to the service's features: the
+    prompt's length, the model, its attention, how it runs, on which machine, optionally within a
+    memory budget and among given sizes."""
 
     context_length: int = Field(ge=1, le=MAX_CONTEXT, description="the prompt's tokens")
     model: Annotated[str, Field(min_length=1, max_length=64)] | ModelShape = Field(
@@ -342,6 +344,18 @@ class RequestFeatures(Contract):
         "predicted size whose predicted peak, with the model's safety margin, fits is chosen; none fits: refused",
     )
 
+    hardware: Hardware = Field(
+        description="the machine: a profiled hardware_id, or its measured descriptors (the engine names its own "
+        "machine by id; `auto` sends the descriptors)"
+    )
+    candidates: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)] | Literal["full"]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CANDIDATES,
+        description='chunk sizes to choose from; "full": the whole prompt in one chunk',
+    )
+    schedule: bool = Field(default=False, description="also answer a chunk schedule (needs a per-chunk cost model)")
+
     @model_validator(mode="before")
     @classmethod
     def _backend_s_kernel(cls, data: Any) -> Any:
@@ -353,7 +367,7 @@ class RequestFeatures(Contract):
         return data
 
     @model_validator(mode="after")
-    def _known_preset(self) -> RequestFeatures:
+    def _known_preset(self) -> ChunkRequest:
         check_attn_impl(self.attn_impl, self.backend)
         check_quant(self.quant, self.backend)
         if isinstance(self.model, str) and self.model not in PRESETS:
@@ -397,19 +411,6 @@ class RequestFeatures(Contract):
             "quant": self.quant,
             **{name: hardware.get(name) or 0 for name in DESCRIPTORS},
         }
-
-
-class ChunkRequest(RequestFeatures):
-    """The service's question: a request plus the machine, optionally the sizes to choose from."""
-
-    hardware: Hardware = Field(description="the machine: a profiled hardware_id, or its measured descriptors")
-    candidates: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)] | Literal["full"]] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_CANDIDATES,
-        description='chunk sizes to choose from; "full": the whole prompt in one chunk',
-    )
-    schedule: bool = Field(default=False, description="also answer a chunk schedule (needs a per-chunk cost model)")
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ChunkRequest:

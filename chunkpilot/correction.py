@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .contract import SHAPE_COLUMNS, RequestFeatures
+from .contract import SHAPE_COLUMNS, ChunkRequest
 from .features import FEATURES, RUNTIME
 
 PRIOR = 2.0
@@ -65,7 +65,7 @@ def quarter_octave(tokens: ArrayLike) -> np.ndarray:
     return np.round(4 * np.log2(np.maximum(tokens, 1))).astype(int)
 
 
-def neighbourhood(request: RequestFeatures) -> str:
+def neighbourhood(request: ChunkRequest) -> str:
     """Its kind and the quarter octave of its length, as a key: the requests exploring counts as one
     (predictor.explore), whose measured sizes teach each other."""
     return f"{int(quarter_octave(request.context_length))}|{request.kind()}"

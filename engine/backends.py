@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from chunkpilot.contract import AttentionConfig, Backend, ConfigError, RequestFeatures
+from chunkpilot.contract import AttentionConfig, Backend, ChunkRequest, ConfigError
 
 from .config import EngineConfig
 from .engine import Engine, Prefilled, Prepared
@@ -58,7 +58,7 @@ class TransformersEngine(Engine):
 
         return transformers.__version__
 
-    def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
+    def request(self, context_length: int, attention: AttentionConfig) -> ChunkRequest:
         own = own_attention(self.model.config)
         if attention != own:
             raise ConfigError(
@@ -125,7 +125,7 @@ class LlamaCppEngine(Engine):
     def backend_version(self) -> str:
         return self._version
 
-    def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
+    def request(self, context_length: int, attention: AttentionConfig) -> ChunkRequest:
         if attention != (own := own_attention(self.model.config)):
             raise ConfigError(
                 "attention",

@@ -12,11 +12,11 @@ from typing import ClassVar
 import torch
 
 from chunkpilot.chunks import spread_positions, uniform
-from chunkpilot.contract import AttentionConfig, Backend, ConfigError, Decision, Hardware, RequestFeatures, number
+from chunkpilot.contract import AttentionConfig, Backend, ChunkRequest, ConfigError, Decision, Hardware, number
 
 from . import runtime
 from .config import EngineConfig
-from .hardware import local_hardware
+from .hardware import local_hardware, this_machine
 from .kv_cache import ChunkCache
 from .measure import interleaved
 from .memory import peak_above
@@ -32,7 +32,7 @@ class Prepared:
     """A request ready to prefill: its tokens and chunk decision, and what each took to get."""
 
     ids: torch.Tensor  # [1, N]
-    request: RequestFeatures
+    request: ChunkRequest
     decision: Decision
     tokenize_ms: float
     decision_ms: float
@@ -145,18 +145,19 @@ class Engine:
         """A prompt of n tokens plus the first decode step must fit the model's positions."""
         return number("context_length", n, int, ge=1, le=self.shape.max_position - 1)
 
-    def request(self, context_length: int, attention: AttentionConfig) -> RequestFeatures:
+    def request(self, context_length: int, attention: AttentionConfig) -> ChunkRequest:
         """What the policy is asked about a prompt of this length and attention on this engine."""
-        return RequestFeatures(
-            context_length,
-            self.shape,
-            attention,
-            self.config.dtype,
-            self.runtime.threads,
-            self.config.attn_impl,
-            self.backend,
-            self.config.quant if self.backend == "llama.cpp" else None,
-            self.config.memory_budget_mb,
+        return ChunkRequest(
+            context_length=context_length,
+            model=self.shape,
+            attention=attention,
+            dtype=self.config.dtype,
+            threads=self.runtime.threads,
+            attn_impl=self.config.attn_impl,
+            backend=self.backend,
+            quant=self.config.quant if self.backend == "llama.cpp" else None,
+            memory_budget_mb=self.config.memory_budget_mb,
+            hardware=this_machine(self.config.device),
         )
 
     def batch_tokens(self, chunk: int) -> int | None:

@@ -113,3 +113,10 @@ def local_hardware(dtype: str, threads: int, device: str = "cpu") -> Hardware:
     cache the first time (so a machine no dataset holds still gets model decisions)."""
     found = descriptors(user_cache_dir() / "hardware", dtype, threads, device, announce=True)
     return Hardware(**{name: found[name] for name in Hardware.model_fields})
+
+
+@functools.cache
+def this_machine(device: str = "cpu") -> Hardware:
+    """This machine by its id alone, read from the OS, never measured: what the engine's requests
+    name (`auto` sends `local_hardware`'s descriptors in its place)."""
+    return Hardware(hardware_id=fingerprint(device)["hardware_id"])

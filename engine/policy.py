@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chunkpilot.chunks import rule_size, simple_rule
-from chunkpilot.contract import ConfigError, Decision, RequestFeatures, number
+from chunkpilot.contract import ChunkRequest, ConfigError, Decision, number
 from judge.lineup import Baseline, applied
 
 if TYPE_CHECKING:
@@ -24,10 +24,10 @@ class ChunkPolicy:
 
     name: str
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         raise NotImplementedError
 
-    def observe(self, request: RequestFeatures, result: TTFTResult) -> None:
+    def observe(self, request: ChunkRequest, result: TTFTResult) -> None:
         """How the prefill it decided went, told after the clock stopped (`auto` reports and learns)."""
 
     def close(self) -> None:
@@ -40,7 +40,7 @@ class FixedPolicy(ChunkPolicy):
     capped: bool = False  # cut to what the config allows (ring: the window) instead of refusing
     name: str = "fixed"
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         if self.capped:
             return Decision(chunk_size=request.clamp(self.size), source="fixed")
         request.attention.check_chunk(self.size)
@@ -53,7 +53,7 @@ class FullPolicy(ChunkPolicy):
 
     name: str = "full"
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         request.attention.check_chunk(request.context_length)
         return Decision(chunk_size=request.context_length, source="full")
 
@@ -66,7 +66,7 @@ class RulePolicy(ChunkPolicy):
     name: str = "rule"
     size: Callable[[int, int | None, str], int] = rule_size  # (context, window, layout) -> chunk
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         att = request.attention
         return Decision(chunk_size=self.size(request.context_length, att.window, att.layout), source="rule")
 
@@ -87,7 +87,7 @@ class BaselinePolicy(ChunkPolicy):
     def name(self) -> str:  # type: ignore[override]
         return self.baseline.name
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         spec, att, n = self.baseline.spec, request.attention, request.context_length
         if self.strict and spec == "full":
             att.check_chunk(n)
@@ -102,7 +102,7 @@ class SchedulePolicy(ChunkPolicy):
     sizes: tuple[int, ...]
     name: str = "schedule"
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         chunks: list[int] = []
         left = request.context_length
         while left > 0:

@@ -38,11 +38,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from chunkpilot.contract import ConfigError, RequestFeatures
+from chunkpilot.contract import ChunkRequest, ConfigError
 from engine.engine import Engine
 from engine.measure import interleaved
 from engine.policy import ChunkPolicy
 from engine.workload import Workload
+from judge.regret import regret_of
 from judge.savings import Saving, bootstrap_savings
 
 from .rounds import every_size
@@ -78,6 +79,10 @@ class PromptResult:
     def best(self) -> int:
         return min(self.times, key=self.median)
 
+    def regret(self, policy: str) -> float:
+        """The policy's regret here, on the medians of every size timed (judge.regret.regret_of)."""
+        return regret_of({c: self.median(c) for c in self.times}, self.choices[policy])
+
 
 @dataclass
 class Evaluation:
@@ -91,6 +96,10 @@ class Evaluation:
     def common(self, names: list[str]) -> list[PromptResult]:
         """The prompts every one of `names` ran."""
         return [p for p in self.prompts if all(n in p.choices for n in names)]
+
+    def mean_regret(self, policy: str) -> float:
+        """The policy's mean regret over the prompts it ran."""
+        return statistics.fmean(p.regret(policy) for p in self.prompts if policy in p.choices)
 
     def strongest(self, of: str = "auto") -> str:
         """The policy other than `of` with the lowest total TTFT over the prompts they all ran."""
@@ -112,7 +121,7 @@ def _decided(policy: ChunkPolicy, engine: Engine, case: Workload) -> tuple[int, 
     return min(decision.chunk_size, case.context_length), decision.source, took
 
 
-def _decision_ms(policy: ChunkPolicy, request: RequestFeatures) -> float:
+def _decision_ms(policy: ChunkPolicy, request: ChunkRequest) -> float:
     began = time.perf_counter()
     policy.decide(request)
     return (time.perf_counter() - began) * 1e3
@@ -226,9 +235,7 @@ def format_evaluation(ev: Evaluation) -> str:
     for p in ev.prompts:
         best = p.median(p.best)
         cells = [
-            f"{p.choices[n]:>5} {p.median(p.choices[n]):>7.0f}ms {p.median(p.choices[n]) / best - 1:>5.0%}"
-            if n in p.choices
-            else "n/a"
+            f"{p.choices[n]:>5} {p.median(p.choices[n]):>7.0f}ms {p.regret(n):>5.0%}" if n in p.choices else "n/a"
             for n in ev.policies
         ]
         lines.append(
@@ -241,11 +248,8 @@ def format_evaluation(ev: Evaluation) -> str:
         sum(p.median(p.best) for p in common)
     ]
     lines.append(f"{f'total TTFT ({len(common)} prompts)':<28}" + "".join(f"{t:>{width - 3}.0f}ms " for t in totals))
-    regrets = [
-        statistics.fmean(p.median(p.choices[n]) / p.median(p.best) - 1 for p in ev.prompts if n in p.choices)
-        for n in ev.policies
-    ]
-    lines.append(f"{'mean regret vs best':<28}" + "".join(f"{r:>{width - 1}.1%} " for r in regrets))
+    regrets = "".join(f"{ev.mean_regret(n):>{width - 1}.1%} " for n in ev.policies)
+    lines.append(f"{'mean regret vs best':<28}" + regrets)
     sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
     lines.append(
         f"cells: chunk size, median TTFT over the prompt's rounds, regret against the measured best (the "

@@ -74,11 +74,7 @@ def race_record(ev, command: str, seed: int | None, backend: str, model: str) ->
         }
         for s in ev.savings
     ]
-    regret = {
-        n: sum(q["ms"][n] / q["best_ms"] - 1 for q in prompts if n in q["ms"])
-        / max(1, sum(n in q["ms"] for q in prompts))
-        for n in ev.policies
-    }
+    regret = {n: ev.mean_regret(n) for n in ev.policies}
     return {
         **stamp(command),
         "kind": "race",

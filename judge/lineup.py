@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, clamp_chunk, landed, rule_size, simple_rule
 
+from .regret import regret_of
+
 Spec = str  # "full", "rule", "simple-rule" or a positive integer, as `--chunk-size` takes them
 
 # what each backend does when nobody picks a size: the bundled engine's `--chunk-size` default (the
@@ -71,8 +73,7 @@ class MeasuredConfig:
 
     def regret(self, spec: Spec) -> float:
         """The regret of `spec` here: the TTFT of the measured size it lands on over the best."""
-        at = dict(zip(self.sizes, self.ttft_ms, strict=True))
-        return at[self.size(spec)] / min(self.ttft_ms) - 1
+        return regret_of(dict(zip(self.sizes, self.ttft_ms, strict=True)), self.size(spec))
 
 
 def mean_regret(spec: Spec, configs: Sequence[MeasuredConfig]) -> float:

@@ -7,7 +7,7 @@ size of every probe, so paired between policies. Net: each policy charged its ow
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -16,6 +16,12 @@ from .intervals import resampled_rounds
 Times = dict[int, dict[int, list[float]]]  # probe index -> chunk size -> TTFT ms over the rounds
 Choices = tuple[dict[int, int], dict[int, float]]  # (probe index -> chunk size, -> ms its decision took)
 Interval = tuple[float, float, float]  # (the point estimate, the 95% interval's low and high)
+
+
+def regret_of(measured: Mapping[int, float], chunk: int) -> float:
+    """The regret of choosing `chunk` where `measured` (size -> TTFT ms) was timed: its TTFT over the
+    fastest measured size's, less one. Every judge of a choice on measured sizes scores it so."""
+    return measured[chunk] / min(measured.values()) - 1
 
 
 PerProbe = Callable[[int, dict[int, float]], float]  # (probe index, size -> median ms) -> a number
@@ -44,7 +50,7 @@ def regret(times: Times, choices: Choices, net: bool = False, seed: int = 0) -> 
     """Mean regret over the probes: median TTFT of the choice (plus its decision's time, if `net`)
     over the best size's."""
     size, ms = choices
-    return bootstrapped(times, lambda i, med: (med[size[i]] + net * ms[i]) / min(med.values()) - 1, 1000, seed)
+    return bootstrapped(times, lambda i, med: regret_of(med, size[i]) + net * ms[i] / min(med.values()), 1000, seed)
 
 
 def regret_gap(times: Times, ours: Choices, theirs: Choices, net: bool = False, seed: int = 0) -> Interval:

@@ -38,7 +38,6 @@ from chunkpilot.contract import (
     Hardware,
     ModelShape,
     Outcome,
-    RequestFeatures,
     window_column,
 )
 from chunkpilot.paths import TELEMETRY_PREFIX, inside
@@ -113,7 +112,7 @@ OPTIONAL = {
 }
 # (column, lowest allowed, strictly above it?, highest allowed or None) for the numeric checks: the
 # contract's own bounds where a column is a field of a request, its machine or its outcome
-_CONTRACT = (AttentionConfig, RequestFeatures, ModelShape, Hardware, Outcome)  # the first that names a column
+_CONTRACT = (AttentionConfig, ChunkRequest, ModelShape, Hardware, Outcome)  # the first that names a column
 _NONE_AS_ZERO = ("window", "global_every")  # fields that may be None, stored as 0
 # fmt: off
 _DATASET_ONLY = {

@@ -110,7 +110,7 @@ def test_backends_refuse_what_they_cannot_run_naming_the_field():
 
 @pytest.mark.native
 def test_the_llama_cpp_helper_evaluates_in_the_chosen_size_and_falls_back_with_a_reason(tmp_path):
-    from auto.llama_helper import chunked_eval, request_features
+    from auto.llama_helper import chunk_request, chunked_eval
     from cli.processes import free_port
     from engine.backends import weights_of
     from engine.gguf_export import write_gguf
@@ -119,7 +119,7 @@ def test_the_llama_cpp_helper_evaluates_in_the_chosen_size_and_falls_back_with_a
     engine = open_engine(EngineConfig(model="llama-tiny", threads=1))
     path = write_gguf(weights_of(engine.model), engine.shape, tmp_path / "tiny.gguf")
     llm = llama_cpp().Llama(str(path), n_ctx=2048, n_batch=512, n_ubatch=512, n_threads_batch=1, verbose=False)
-    request = request_features(llm, 1200)
+    request = chunk_request(llm, 1200)
     exclude = {"tie_embeddings"}  # GGUF metadata does not say; the file's tensors do
     assert request.shape.model_dump(exclude=exclude) == engine.shape.model_dump(exclude=exclude)
     assert request.backend == "llama.cpp" and request.threads == 1

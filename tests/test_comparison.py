@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from chunkpilot.contract import AttentionConfig, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ChunkRequest
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 from engine.workload import Workload
 from evaluation.comparison import PromptResult, evaluate, format_evaluation, raced_out, still_compared
@@ -69,8 +69,13 @@ class ScriptedEngine:
         self.ms = ms
         self.runs: list[int] = []
 
-    def request(self, context_length: int, attention) -> RequestFeatures:
-        return RequestFeatures(context_length=context_length, model="llama-tiny", attention=attention)
+    def request(self, context_length: int, attention) -> ChunkRequest:
+        return ChunkRequest(
+            context_length=context_length,
+            model="llama-tiny",
+            attention=attention,
+            hardware={"hardware_id": "0123456789ab"},
+        )
 
     def run(self, workload: Workload, policy: FixedPolicy) -> SimpleNamespace:
         self.runs.append(policy.size)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from chunkpilot.chunks import chunk_count, hand_rule, last_chunk
-from chunkpilot.contract import PRESETS, AttentionConfig, ConfigError, ModelShape, RequestFeatures
+from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ConfigError, Hardware, ModelShape
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy, parse_policy
 
 
@@ -31,8 +31,8 @@ def test_hand_rule_of_the_write_up(tokens, chunk):
     assert hand_rule(tokens) == chunk
 
 
-def request(n: int, attention: AttentionConfig) -> RequestFeatures:
-    return RequestFeatures(n, PRESETS["mistral-44m"], attention)
+def request(n: int, attention: AttentionConfig) -> ChunkRequest:
+    return ChunkRequest(n, PRESETS["mistral-44m"], attention, hardware=Hardware(hardware_id="0123456789ab"))
 
 
 def test_chunk_arithmetic_is_one_formula_for_ints_floats_and_columns():

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ConfigError, ModelShape
+from auto.client import ask
+from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, ConfigError, Hardware, ModelShape
 from chunkpilot.features import INPUT_COLUMNS, build
 from estimator.decide import resolve_hardware
 from store.dataset import read_file
@@ -62,7 +63,7 @@ def test_a_tied_checkpoint_counts_its_parameters_once_in_training_and_serving(tm
     }
     features = engine.request(3000, AttentionConfig(window=512, layout="ring"))
     row = {**features.row(hardware), "hardware_id": "abc", "family": "llama", "chunk_size": 256}  # as profiled
-    request = ChunkRequest(**dict(features), hardware=hardware)  # as the engine asks
+    request = ask(features, Hardware(**hardware))  # as the engine asks
     assert ChunkRequest.from_row(row) == request
     np.testing.assert_array_equal(served_features(request, [256]), trained_features(pd.DataFrame([row])))
 

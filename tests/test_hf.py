@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from auto.hf import auto_policy, chunked_generate, prefill_chunk_size
-from chunkpilot.contract import Decision, RequestFeatures
+from chunkpilot.contract import ChunkRequest, Decision
 from cli.processes import free_port
 from engine.models import load_model
 from engine.policy import RulePolicy
@@ -21,9 +21,9 @@ class Asked:
     """The hand rule, keeping the request it was asked about (a test double)."""
 
     name: str = "asked"
-    requests: list[RequestFeatures] = field(default_factory=list)
+    requests: list[ChunkRequest] = field(default_factory=list)
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         self.requests.append(request)
         return RulePolicy().decide(request)
 

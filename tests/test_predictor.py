@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse
 from servers import free_port, isolated_python, serve, wait_until
 
 from auto.client import Answers, AutoPolicy, Breaker, InProcessPolicy
-from chunkpilot.contract import PRESETS, AttentionConfig, Decision, Hardware, RequestFeatures
+from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, Decision, Hardware
 from cli.processes import answers
 from engine.workload import Workload
 from predictor.app import create_app
@@ -132,7 +132,7 @@ def test_warming_up_a_service_that_builds_no_tables_asks_nothing(server):
 
     auto, before = AutoPolicy(server, 5.0, Hardware(**HARDWARE)), decisions()
     assert httpx.get(f"{server}/v1/model").json()["decision_table"]["builds"] is False  # the tests' servers
-    assert auto.warm_up([RequestFeatures(context_length=3000, model="llama-tiny")]) == 0
+    assert auto.warm_up([ChunkRequest(context_length=3000, model="llama-tiny", hardware=HARDWARE)]) == 0
     assert decisions() == before  # not one question asked
     auto.close()
 
@@ -179,8 +179,10 @@ def test_oversized_body_is_refused(server):
     assert response.status_code == 413
 
 
-def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> RequestFeatures:
-    return RequestFeatures(n, PRESETS["llama-tiny"], AttentionConfig(window, layout), "float32", 2, "masked")
+def features(n: int = 3000, window: int | None = 512, layout: str = "ring") -> ChunkRequest:
+    return ChunkRequest(
+        n, PRESETS["llama-tiny"], AttentionConfig(window, layout), "float32", 2, "masked", hardware=HARDWARE
+    )
 
 
 def test_auto_asks_once_per_length_or_table_segment_then_uses_its_cache(server):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chunkpilot.contract import AttentionConfig, ConfigError, ModelShape, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ChunkRequest, ConfigError, Hardware, ModelShape
 from chunkpilot.features import FEATURES, build
 from engine.backends import open_engine
 from engine.config import EngineConfig
@@ -19,6 +19,7 @@ from engine.policy import FixedPolicy
 from engine.workload import Workload
 from profiler.spec import Spec
 
+MACHINE = Hardware(hardware_id="0123456789ab")  # a machine by its id, as the engine names its own
 SHAPES = Path(__file__).parents[1] / "data" / "shapes"
 # parameter counts on the models' cards (safetensors totals, tied embeddings counted once)
 PUBLISHED = {
@@ -41,16 +42,18 @@ def test_gemma_3_keeps_five_local_512_token_layers_to_one_global():
 
 
 def test_quantisation_and_flash_attention_are_llama_cpp_s_and_the_model_sees_them():
-    request = RequestFeatures(context_length=1000, model="llama-tiny", backend="llama.cpp")
+    request = ChunkRequest(context_length=1000, model="llama-tiny", hardware=MACHINE, backend="llama.cpp")
     assert (request.quant, request.attn_impl) == ("f32", "masked")  # a client that says neither
     with pytest.raises(ConfigError, match="quant"):
-        RequestFeatures(context_length=1000, model="llama-tiny", quant="q4_k_m")
+        ChunkRequest(context_length=1000, model="llama-tiny", hardware=MACHINE, quant="q4_k_m")
     with pytest.raises(ConfigError, match="attn_impl"):
-        RequestFeatures(context_length=1000, model="llama-tiny", backend="transformers", attn_impl="flash")
+        ChunkRequest(
+            context_length=1000, model="llama-tiny", hardware=MACHINE, backend="transformers", attn_impl="flash"
+        )
     bits, machine = FEATURES.index("weight_bits"), {"matmul_gflops": 100.0}
 
     def weight_bits(**request) -> float:
-        row = RequestFeatures(context_length=1000, model="llama-tiny", **request).row(machine)
+        row = ChunkRequest(context_length=1000, model="llama-tiny", hardware=MACHINE, **request).row(machine)
         return float(build({**row, "chunk_size": 256})[0, bits])
 
     assert [weight_bits(backend="llama.cpp", quant=q) for q in ("f32", "q8_0", "q4_k_m")] == [32, 8.5, 4.89]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from servers import serve
 
-from auto.client import AutoPolicy, InProcessPolicy
+from auto.client import AutoPolicy, InProcessPolicy, ask
 from chunkpilot.chunks import max_chunk, uniform
 from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
 from chunkpilot.features import build
@@ -56,7 +56,7 @@ def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store
     workload = Workload(n, attention)
     app = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path))
     with serve(app) as url:
-        body = ChunkRequest(**dict(engine.request(n, attention)), hardware=HARDWARE, schedule=True)
+        body = ask(engine.request(n, attention), HARDWARE, schedule=True)
         answered = httpx.post(f"{url}/v1/chunk-size", json=body.model_dump(mode="json")).json()["schedule"]
         policy = AutoPolicy(url, 2.0, HARDWARE, schedule=True)
         served = engine.run(workload, policy)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from chunkpilot.contract import AttentionConfig, Decision, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Decision
 from cli import main
 from engine.policy import ChunkPolicy, RulePolicy
 from engine.stream import stream
@@ -25,7 +25,7 @@ class RecordingRule(ChunkPolicy):
     name: str = "recording-rule"
     asked: list[tuple[int, str, float]] = field(default_factory=list)  # (context length, thread, time)
 
-    def decide(self, request: RequestFeatures) -> Decision:
+    def decide(self, request: ChunkRequest) -> Decision:
         self.asked.append((request.context_length, threading.current_thread().name, time.perf_counter()))
         return RulePolicy().decide(request)
 

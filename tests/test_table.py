@@ -148,14 +148,17 @@ def test_warming_up_builds_the_tables_before_the_first_timed_prefill(trained_sto
     from servers import serve
 
     from auto.client import AutoPolicy, make_auto
-    from chunkpilot.contract import AttentionConfig, Hardware, RequestFeatures
+    from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware
     from predictor.app import create_app
     from predictor.settings import Settings
 
     monkeypatch.setenv("CHUNKPILOT_DECISION_TABLE", "1")
     machine = Hardware(matmul_gflops=100.0, bandwidth_gbs=10.0, call_overhead_ms=0.05, cores=2)
     ring = AttentionConfig(window=512, layout="ring")
-    prompts = [RequestFeatures(context_length=n, model="llama-tiny", attention=ring, threads=2) for n in (3000, 6000)]
+    prompts = [
+        ChunkRequest(context_length=n, model="llama-tiny", attention=ring, threads=2, hardware=machine)
+        for n in (3000, 6000)
+    ]
     later = prompts[0].model_copy(update={"context_length": 4321})
     with serve(create_app(Settings(tracking_uri=trained_store, poll_interval_s=0))) as url:
         auto = AutoPolicy(url, 5.0, machine)
@@ -165,5 +168,5 @@ def test_warming_up_builds_the_tables_before_the_first_timed_prefill(trained_sto
         auto.close()
     local = make_auto(machine, tracking=trained_store)
     assert local.warm_up(prompts, timeout_s=240) == 2
-    assert local.predictor.tabled_answer(ChunkRequest(**dict(prompts[1]), hardware=machine)) is not None
+    assert local.predictor.tabled_answer(prompts[1]) is not None
     local.close()

@@ -14,10 +14,10 @@ import pytest
 from conftest import sqlite_store
 from servers import free_port, serve
 
-from auto.client import AutoPolicy
+from auto.client import AutoPolicy, ask
 from auto.telemetry import Reporter, to_service
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
-from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome, RequestFeatures
+from chunkpilot.contract import AttentionConfig, ChunkRequest, Hardware, Outcome
 from chunkpilot.correction import CLIP
 from engine.workload import Workload
 from predictor.app import create_app
@@ -282,8 +282,7 @@ def test_explored_answers_are_marked_counted_and_never_cached_by_the_engine(trai
         again = answers(url)  # never twice running for the same request: this time the picks are measured
         unsure = next(r for r, a in zip(requests, given, strict=True) if a["explored"])
         policy = AutoPolicy(url, 2.0, known)
-        features = RequestFeatures(**{k: v for k, v in dict(unsure).items() if k in RequestFeatures.model_fields})
-        decisions = [policy.decide(features) for _ in range(3)]
+        decisions = [policy.decide(unsure) for _ in range(3)]
         policy.close()
     assert not any(p["explored"] for p in picks)
     explored = [(p, a) for p, a in zip(picks, given, strict=True) if a["explored"]]
@@ -325,7 +324,7 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     def prefills(configs, every_size: bool = False) -> None:  # as the engine reports them
         outcomes = []
         for n, window in configs:
-            request = ChunkRequest(**dict(engine.request(n, AttentionConfig(window=window))), hardware=HARDWARE)
+            request = ask(engine.request(n, AttentionConfig(window=window)), HARDWARE)
             sizes = feasible_chunks(DEFAULT_CHUNKS, n, window, "shift")[0] if every_size else [128, 256] * 2
             for chunk in sizes:
                 result = engine.run(Workload(n, AttentionConfig(window), text=text), FixedPolicy(chunk))

@@ -16,7 +16,7 @@ from conftest import quick, sqlite_store, train_into_store
 from servers import free_port, serve, wait_until
 
 from auto.client import AutoPolicy
-from chunkpilot.contract import PRESETS, AttentionConfig, Hardware, RequestFeatures
+from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, Hardware
 from predictor.app import create_app
 from predictor.settings import Settings
 
@@ -123,8 +123,10 @@ def test_a_promoted_model_replaces_cached_answers_within_poll_plus_ttl(tmp_path,
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri := sqlite_store(tmp_path / "mlflow.db"))
     monkeypatch.chdir(tmp_path)
     train(small_dataset, **quick())
-    request = RequestFeatures(3000, PRESETS["llama-tiny"], AttentionConfig(512, "ring"), "float32", 2, "masked")
     hardware = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
+    request = ChunkRequest(
+        3000, PRESETS["llama-tiny"], AttentionConfig(512, "ring"), "float32", 2, "masked", hardware=hardware
+    )
     poll_s, ttl_s = 0.3, 0.5
     with serve(create_app(Settings(tracking_uri=uri, poll_interval_s=poll_s))) as url:
         policy = AutoPolicy(url, 2.0, Hardware(**hardware), cache_ttl_s=ttl_s)

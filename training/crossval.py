@@ -12,6 +12,7 @@ import pandas as pd
 
 from estimator.recipe import load_recipe
 from judge.metrics import records
+from judge.regret import regret_of
 from judge.slices import Fold
 from store import registry
 
@@ -88,7 +89,7 @@ def on_recent_telemetry(data: Path, tracking_uri: str) -> Callable[[str, str, fl
             measured = dict(zip(r.chunk_size, r.ttft_ms, strict=True))
             if all(p[g] in measured for p in picks):
                 for regret, p in zip(regrets, picks, strict=True):
-                    regret.append(measured[p[g]] / min(measured.values()) - 1)
+                    regret.append(regret_of(measured, p[g]))
         if not regrets[0]:
             return float("nan"), float("nan"), 0
         return float(np.mean(regrets[0])), float(np.mean(regrets[1])), len(regrets[0])
