@@ -47,7 +47,7 @@ from engine.workload import Workload
 from evaluation.lineup import machine_best
 from evaluation.rounds import time_sizes, timed
 from judge.lineup import lineup
-from judge.regret import Choices, Times, regret, regret_gap
+from judge.regret import Choices, Times, regret, regret_gap, regret_of
 from predictor.model import past_outcomes
 from store.registry import CHAMPION, MODEL_NAME
 from training.train import format_result, train
@@ -138,7 +138,7 @@ def choices_table(times: Times, policies: dict[str, dict[int, int]]) -> str:
         med = {c: float(np.median(v)) for c, v in times[i].items()}
         best = min(med, key=med.get)
         label = f"{Path(model).stem} {workload.label}"
-        cells = "".join(f"{f'{c[i]} {med[c[i]] / med[best] - 1:+.1%}':>{width[n]}}" for n, c in policies.items())
+        cells = "".join(f"{f'{c[i]} {regret_of(med, c[i]):+.1%}':>{width[n]}}" for n, c in policies.items())
         lines.append(f"{label:<32}{best:>6}{cells}")
     return "\n".join(lines)
 
