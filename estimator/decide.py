@@ -68,13 +68,16 @@ def resolve_hardware(table: dict, hardware: Hardware, dtype: str, threads: int) 
 
 
 def candidates(request: ChunkRequest, n: int | None = None) -> list[int]:
-    """The request's sizes (or the defaults) that fit its prompt (or one of `n` tokens) and layout,
-    cut to them."""
+    """The request's sizes (or the defaults) that fit its prompt (or one of `n` tokens) and layout.
+    The defaults' whole prompt, on a ring shorter than it, is the largest chunk the ring takes (its
+    window): the size every baseline is cut to there, and often the fastest."""
     n, att = n or request.context_length, request.attention
     asked = tuple(request.candidates or DEFAULT_CHUNKS)
     chosen, _ = feasible_chunks(asked, n, att.window, att.layout)
+    limit = max_chunk(n, att.window, att.layout)
+    if request.candidates is None and limit not in chosen:
+        chosen.append(limit)  # larger than every feasible default: still sorted
     if not chosen:
-        limit = max_chunk(n, att.window, att.layout)
         why = f"the context ({n})" if limit == n else f"the ring window ({att.window}) and the context ({n})"
         sizes = ", ".join(str(size) for size in asked)  # "full" sits among the numbers
         raise Infeasible(f"candidates: every candidate ({sizes}) is larger than {why}", "no_feasible_candidate")

@@ -155,3 +155,22 @@ def test_the_correction_states_the_noise_it_brings_into_a_choice(fold):
     assert len(unlearnt) >= 2 and not correction.difference_variance(unlearnt).any()
     assert correction.difference_variance(plans)[0, 0] == 0  # a size against itself
     assert not correction.difference_variance(other_kind).any()  # a kind it never measured
+
+
+def test_the_default_candidates_on_a_ring_shorter_than_the_prompt_end_at_its_window():
+    """One shot cannot run on a ring shorter than the prompt; its window, where every baseline is cut
+    to, stands in for it among the defaults. Sizes a client names are taken as named."""
+    from chunkpilot.contract import AttentionConfig
+    from estimator.decide import candidates
+
+    ring = ChunkRequest(
+        context_length=4956,
+        model="llama-tiny",
+        attention=AttentionConfig(window=192, layout="ring", sinks=4),
+        hardware={"hardware_id": "0123456789ab"},
+    )
+    assert candidates(ring) == [64, 128, 192]
+    assert candidates(ring, 100) == [64, 100]  # a prompt within the window: the whole prompt
+    assert candidates(ring.model_copy(update={"candidates": [64, 128, 1024]})) == [64, 128]
+    shift = ring.model_copy(update={"attention": AttentionConfig(window=192, layout="shift")})
+    assert candidates(shift)[-1] == 4956
