@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from servers import answers, free_port, mlflow_server, postgres, serve, serve_process, wait_until
 
 from auto.client import AutoPolicy, Breaker
-from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
+from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks, max_chunk
 from chunkpilot.contract import PRESETS, AttentionConfig, ChunkRequest, Hardware
 from engine.workload import Workload
 from estimator.decide import Infeasible
@@ -373,6 +373,8 @@ def test_any_valid_request_gets_a_feasible_chunk_and_finite_predictions(
         candidates=candidates,
     )
     allowed, _ = feasible_chunks(tuple(candidates or DEFAULT_CHUNKS), n, window, attention["layout"])
+    if candidates is None:  # the defaults end at the largest chunk the layout takes (a ring's window)
+        allowed.append(max_chunk(n, window, attention["layout"]))
     try:
         decision = predictor.answer(request)
     except Infeasible as exc:
