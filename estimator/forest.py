@@ -76,9 +76,10 @@ def _host() -> str:
     return f"{llvm.get_host_cpu_name()} {features}"
 
 
-# lleaves' code models, the faster first: the small one can fail on very large forests (lleaves'
-# own warning), which the child compiling it finds out, never this process
-CODE_MODELS = ("small", "large")
+# lleaves' code model: the large one. The small one (about 0.09 ms faster a decision) checked out in
+# the child that compiled it and then segfaulted once as a test worker loaded the same object
+# (AMD EPYC 166832b5c42b): its 32-bit relocations depend on where a large process maps it
+CODE_MODELS = ("large",)
 
 
 def _key(text: str, code_model: str) -> str:
@@ -123,8 +124,8 @@ def compile_forest(boosters: list[lgb.Booster], cache: Path | None = None):
     (a minute of a core and a gigabyte for 5 x 300 inlined trees, and a compiler that fails takes
     only the child down), which loads what it wrote, checks it against LightGBM and caches it with
     its digest; this process loads only an object whose digest holds and checks it again. On the
-    Intel Xeon 5e4830eb8869, 5 x 300 trees price a first decision's 45 chunks in 0.33 ms (small
-    code model), 0.42 ms (large), 0.58 ms not inlined, where LightGBM takes about 2.4 ms."""
+    Intel Xeon 5e4830eb8869, 5 x 300 trees price a first decision's 45 chunks in 0.42 ms (the large
+    code model; 0.33 ms small, 0.58 ms not inlined), where LightGBM takes about 2.4 ms."""
     import lleaves
 
     text = fused_text(boosters)
