@@ -79,12 +79,12 @@ def _host() -> str:
 # lleaves' code model: the large one. The small one (about 0.09 ms faster a decision) checked out in
 # the child that compiled it and then segfaulted once as a test worker loaded the same object
 # (AMD EPYC 166832b5c42b): its 32-bit relocations depend on where a large process maps it
-CODE_MODELS = ("large",)
+CODE_MODEL = "large"
 
 
-def _key(text: str, code_model: str) -> str:
+def _key(text: str) -> str:
     """The cache's name for these trees compiled by this lleaves and LLVM for this CPU."""
-    tools = f"lleaves {version('lleaves')} llvmlite {version('llvmlite')} raw {code_model}"
+    tools = f"lleaves {version('lleaves')} llvmlite {version('llvmlite')} raw {CODE_MODEL}"
     return hashlib.sha256(f"{text}\n{_host()}\n{tools}".encode()).hexdigest()[:24]
 
 
@@ -133,20 +133,19 @@ def compile_forest(boosters: list[lgb.Booster], cache: Path | None = None):
         model_file = Path(tmp) / "forest.txt"
         model_file.write_text(text)
         folder = _cache(cache) or Path(tmp)  # no cache: compiled all the same, for this process only
-        for code_model in CODE_MODELS:
-            target = folder / f"{_key(text, code_model)}.o"
-            if not _intact(target):
-                child = [sys.executable, "-m", "estimator.forest", str(model_file), str(target), code_model]
-                if subprocess.run(child, capture_output=True, timeout=1800, check=False).returncode != 0:
-                    continue
+        target = folder / f"{_key(text)}.o"
+        if not _intact(target):
+            child = [sys.executable, "-m", "estimator.forest", str(model_file), str(target)]
+            subprocess.run(child, capture_output=True, timeout=1800, check=False)
+        if _intact(target):  # the child cached it only once it answered as LightGBM does
             model = lleaves.Model(model_file=str(model_file))
-            model.compile(cache=str(target), raw_score=True, fcodemodel=code_model)
-            if _intact(target) and _answers_as_lightgbm(model, model_file):
+            model.compile(cache=str(target), raw_score=True, fcodemodel=CODE_MODEL)
+            if _answers_as_lightgbm(model, model_file):
                 return model
     raise RuntimeError("lleaves compiled no object that answers as LightGBM does")
 
 
-def _compile_and_check(model_file: Path, target: Path, code_model: str) -> int:
+def _compile_and_check(model_file: Path, target: Path) -> int:
     """In a child process: compile, load what was written, check it against LightGBM, and only then
     put it in the cache with its digest (under a private name, then renamed: no reader sees half a
     file). 0 when cached."""
@@ -154,9 +153,9 @@ def _compile_and_check(model_file: Path, target: Path, code_model: str) -> int:
 
     partial = target.with_name(f".{target.stem}.{os.getpid()}")
     try:
-        lleaves.Model(model_file=str(model_file)).compile(cache=str(partial), raw_score=True, fcodemodel=code_model)
+        lleaves.Model(model_file=str(model_file)).compile(cache=str(partial), raw_score=True, fcodemodel=CODE_MODEL)
         loaded = lleaves.Model(model_file=str(model_file))
-        loaded.compile(cache=str(partial), raw_score=True, fcodemodel=code_model)
+        loaded.compile(cache=str(partial), raw_score=True, fcodemodel=CODE_MODEL)
         if not partial.exists() or not _answers_as_lightgbm(loaded, model_file):
             return 1
         digest = hashlib.sha256(partial.read_bytes()).hexdigest()
@@ -200,4 +199,4 @@ class Forest:
 
 
 if __name__ == "__main__":
-    sys.exit(_compile_and_check(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]))
+    sys.exit(_compile_and_check(Path(sys.argv[1]), Path(sys.argv[2])))
