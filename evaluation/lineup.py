@@ -12,21 +12,21 @@ from pathlib import Path
 from engine.engine import Engine
 from engine.policy import BaselinePolicy, ChunkPolicy
 from judge.lineup import Spec, anchor_key, best_single_size, lineup
-from store.dataset import DataError, anchor_configs, measured_by_today, read_dataset
+from store.dataset import DataError, anchor_configs, read_dataset
 
 from .comparison import PromptResult
 
 
 def machine_best(data: Path, engine: Engine) -> Spec | None:
-    """This machine's best single size for the engine's backend and kernel, from its rows under
-    `data` measured by today's code (None: it has none)."""
+    """This machine's best single size for the engine's backend and kernel, from its sweep under
+    `data` (store.dataset.anchor_configs: what the recipe's anchor is chosen from too; None: it has
+    none)."""
     try:
         rows = read_dataset(data)
     except DataError:  # no rows at all
         return None
     hardware_id = engine.hardware().hardware_id
-    mine = rows[(rows.hardware_id == hardware_id) & measured_by_today(rows)]
-    configs = anchor_configs(mine).get(anchor_key(hardware_id, engine.backend, engine.config.attn_impl))
+    configs = anchor_configs(rows[rows.hardware_id == hardware_id]).get(anchor_key(hardware_id, engine.backend, engine.config.attn_impl))
     return best_single_size(configs) if configs else None
 
 

@@ -414,12 +414,23 @@ def measured_configs(rows: pd.DataFrame) -> dict[tuple[str, str], MeasuredConfig
     }
 
 
+def latest(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each size of a config on a machine once: its latest measurement (a config that two specs both
+    measured, a demo's profile and a shipped spec)."""
+    return rows.sort_values("finished_at", kind="stable").drop_duplicates(
+        ["config_key", "chunk_size", "hardware_id"], keep="last"
+    )
+
+
 def anchor_configs(rows: pd.DataFrame) -> dict[str, list[MeasuredConfig]]:
-    """Each machine's configs per backend and kernel (judge.lineup.anchor_key): what its best
-    single size and its anchor are chosen from."""
-    firsts = rows.drop_duplicates(["config_key", "hardware_id"]).set_index(["config_key", "hardware_id"])
+    """Each machine's sweep per backend and kernel (judge.lineup.anchor_key): its profiled configs
+    measured by today's code, each size's latest. What its best single size and its anchor are
+    chosen from, by training and by the race alike. The engine's telemetry is not a sweep: it
+    measured the sizes `auto` chose."""
+    swept = latest(rows[measured_by_today(rows) & (rows.spec_name != "telemetry")])
+    firsts = swept.drop_duplicates(["config_key", "hardware_id"]).set_index(["config_key", "hardware_id"])
     out: dict[str, list[MeasuredConfig]] = {}
-    for (config, hardware), measured in measured_configs(rows).items():
+    for (config, hardware), measured in measured_configs(swept).items():
         first = firsts.loc[(config, hardware)]
         out.setdefault(anchor_key(hardware, first.backend, first.attn_impl), []).append(measured)
     return out

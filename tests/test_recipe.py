@@ -36,7 +36,7 @@ def test_do_no_harm_keeps_the_anchor_when_the_saving_is_inside_the_members_sprea
 
 
 def test_do_no_harm_weighs_the_saving_against_the_noise_the_correction_brings():
-    members = np.log([[100.0, 95.0], [100.5, 95.0], [99.5, 95.0]])  # the members agree: 5% saved
+    members = np.log([[100.0, 90.0], [100.5, 90.0], [99.5, 90.0]])  # the members agree: 10% saved
     assert picked(Chooser(z=1.0), members, anchor=0) == (1, False)
     unsure = np.array([[0.0, 0.01], [0.01, 0.0]])  # the correction's variance of the difference: +-10%
     assert picked(Chooser(z=1.0), members, anchor=0, noise=unsure) == (0, True)
@@ -44,7 +44,8 @@ def test_do_no_harm_weighs_the_saving_against_the_noise_the_correction_brings():
 
 def test_the_anchor_decides_for_a_machine_the_model_never_saw():
     """The strongest simple baseline of a machine, backend and kernel is fitted from its own rows;
-    a machine the rows do not hold (or a request that names none) gets its backend's own default,
+    a machine the rows do not hold (or a request that names none) gets the strongest of every
+    machine's rows of its backend and kernel, or where no machine ran them its backend's own default,
     and the model does not decide for it until its correction has learnt from its prefills."""
     from estimator.cost_models import PerChunk
     from estimator.recipe import Recipe
@@ -53,6 +54,7 @@ def test_the_anchor_decides_for_a_machine_the_model_never_saw():
     one_shot_wins = MeasuredConfig([512, 1024, 3000], [120.0, 110.0, 100.0], 3000, None, "shift")
     recipe = Recipe("r", PerChunk(), anchors=fit_anchors({anchor_key("m1", "chunkpilot", "split"): [one_shot_wins]}))
     assert recipe.anchor("m1", "chunkpilot", "split").spec == "full"
+    assert recipe.anchor("m2", "chunkpilot", "split").spec == "full"  # every machine's rows: m1's
     assert recipe.anchor("m2", "llama.cpp", "masked").spec == "512"  # llama.cpp's own n_ubatch
     assert recipe.anchor(None, "transformers", "masked").spec == "full"  # generate's own: no chunking
     assert recipe.knows("m1", "chunkpilot", "split")

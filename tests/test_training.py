@@ -298,3 +298,35 @@ def test_training_keeps_only_rows_that_today_s_code_of_their_kernel_measured():
     every, kept = read_dataset(shipped), load_table(shipped).rows
     assert measured_by_today(kept).all() and len(kept) < len(every)  # the older engine's rows are left out
     assert len(load_table(shipped, older_engines=True).rows) == len(every)
+
+
+def test_a_machine_s_sweep_is_one_fact_for_its_anchor_and_the_race_s_best_single_size():
+    """"This machine's best single size" has one reading: its profiled rows measured by today's code,
+    each size's latest measurement (store.dataset.anchor_configs). Training's table (the recipe's
+    anchors) and the race's lineup (evaluation.lineup.machine_best) both read it; the telemetry of
+    `auto`'s own choices is no sweep and moves nothing."""
+    import pandas as pd
+
+    from chunkpilot.paths import TELEMETRY_PREFIX
+    from judge.lineup import best_single_size
+    from store.dataset import anchor_configs, read_dataset
+
+    shipped = Path(__file__).resolve().parents[1] / "data" / "ttft"
+    rows = read_dataset(shipped)
+
+    def best(rows: pd.DataFrame) -> dict[str, str]:
+        return {key: best_single_size(configs) for key, configs in anchor_configs(rows).items()}
+
+    swept = best(rows)
+    assert {key: best_single_size(c) for key, c in load_table(shipped).anchor_configs.items()} == swept
+    # telemetry that made a poor size look instant on every config of the machines changes nothing
+    poor = rows[rows.chunk_size == 64].assign(
+        spec_name="telemetry", config_key=lambda r: TELEMETRY_PREFIX + r.config_key, ttft_ms=0.001
+    )
+    assert best(pd.concat([rows, poor], ignore_index=True)) == swept
+    # a later measurement of a size replaces the earlier one
+    key = next(iter(swept))
+    hardware, backend, kernel = key.split("/")
+    mine = rows[(rows.hardware_id == hardware) & (rows.backend == backend) & (rows.attn_impl == kernel)]
+    later = mine[mine.chunk_size == 64].assign(ttft_ms=0.001, finished_at=rows.finished_at.max())
+    assert best(pd.concat([rows, later], ignore_index=True))[key] == "64" != swept[key]

@@ -19,6 +19,7 @@ from judge.lineup import MeasuredConfig, anchor_key
 from store.dataset import (
     DataError,
     anchor_configs,
+    latest,
     measured_by_today,
     measured_configs,
     read_dataset,
@@ -149,14 +150,11 @@ def load_table(path: Path, older_engines: bool = False) -> Table:
         raise DataError(
             "data", f"every row of {path} has chunk size {rows.chunk_size.iloc[0]}: nothing to choose between"
         )
-    keys = ["config_key", "chunk_size", "hardware_id"]
-    duplicated = rows.duplicated([*keys, "spec_name"])
+    duplicated = rows.duplicated(["config_key", "chunk_size", "hardware_id", "spec_name"])
     if duplicated.any():
         row = rows[duplicated].iloc[0]
         raise DataError("data", f"{path}: config {row.config_key} has chunk size {row.chunk_size} twice")
-    # a config that two specs both measured on one machine (a demo profile and a shipped spec): the latest
-    rows = rows.sort_values("finished_at", kind="stable").drop_duplicates(keys, keep="last")
-    return table_of(rows)
+    return table_of(latest(rows))
 
 
 def table_of(rows: pd.DataFrame) -> Table:
