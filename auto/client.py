@@ -36,6 +36,7 @@ JSON = {"content-type": "application/json"}
 # a decision table's cells build in milliseconds; the forests compile in about two minutes of one
 # core, once per machine and model (estimator.forest)
 WARM_UP_S = 300.0
+FORESTS_S = 900.0  # the longest wait for them (a compile took 223 s on the AMD EPYC 99ce2872fe46)
 
 
 @dataclass
@@ -282,6 +283,18 @@ class AutoPolicy(Observing):
                 self.answers.put(request, answer)
         return answer.model_copy(update={"source": "service"})
 
+    def forests_ready(self, timeout_s: float = FORESTS_S) -> dict:
+        """Wait until the service's forests are no longer compiling (minutes of one core, once per
+        machine and model, which would otherwise share the cores with every prefill timed meanwhile)
+        or `timeout_s` passes; its /v1/model answer then (`forests`, `forests_compile_s`)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            model = self.client.get("/v1/model")
+            model.raise_for_status()
+            if model.json().get("forests") != "compiling" or time.monotonic() > end:
+                return model.json()
+            time.sleep(0.5)
+
     def warm_up(self, requests: list[ChunkRequest], timeout_s: float = WARM_UP_S) -> int:
         """Wait for the service's compiled forests, and ask about each request until the service
         answers it from its decision table (both built in the background: seconds of the service's
@@ -289,13 +302,7 @@ class AutoPolicy(Observing):
         answers, so that the next decisions are the steady state's. Returns how many the table
         answered before `timeout_s` (0 from a service that builds no tables)."""
         end = time.monotonic() + timeout_s
-        while True:
-            model = self.client.get("/v1/model")
-            model.raise_for_status()
-            if model.json().get("forests") != "compiling" or time.monotonic() > end:
-                break
-            time.sleep(0.5)
-        if not model.json()["decision_table"]["builds"]:
+        if not self.forests_ready(timeout_s)["decision_table"]["builds"]:
             return 0
         waiting = list(requests)
         while waiting and time.monotonic() < end:
@@ -358,13 +365,18 @@ class InProcessPolicy(Observing):
             except ValueError:  # an outcome the contract refuses teaches nothing (the service would refuse it too)
                 pass
 
+    def forests_ready(self, timeout_s: float = FORESTS_S) -> dict:
+        """As AutoPolicy.forests_ready: the forests compiled (on this process's cores) or `timeout_s` passed."""
+        if self.predictor.forests is not None:
+            self.predictor.forests.join(timeout_s)
+        return {"forests": self.predictor.forest_state, "forests_compile_s": self.predictor.compile_s}
+
     def warm_up(self, requests: list[ChunkRequest], timeout_s: float = WARM_UP_S) -> int:
         """As AutoPolicy.warm_up: the forests compiled, each request's kind queued, and the table
         built (on this process's cores) before the first prefill is timed. Returns how many the
         table answers."""
         end = time.monotonic() + timeout_s
-        if self.predictor.forests is not None:
-            self.predictor.forests.join(timeout_s)
+        self.forests_ready(timeout_s)
         for r in requests:
             self.predictor.tabled_answer(ask(r, self.hardware))  # a miss queues the kind
         self.predictor.recipe.table.wait(max(0.0, end - time.monotonic()))

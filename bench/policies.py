@@ -87,11 +87,13 @@ def main() -> None:
         engine = open_engine(EngineConfig(model=model, backend=args.backend, quant=args.quant))
         hardware = engine.hardware()
         auto = make_auto(hardware, tracking=tracking_uri())
+        forests = auto.forests_ready()  # compiled once per machine and model: never beside a timed prefill
         workloads = prompts_for(args, engine, seed)
         baselines = baseline_policies(args.backend, machine_best(args.data, engine))
         print(
-            f"\n{model} on {args.backend} ({engine.runtime.threads} threads), champion v{auto.predictor.version}, "
-            f"at most {max_rounds} rounds; prompts of seed {seed}: {'; '.join(w.label for w in workloads)}",
+            f"\n{model} on {args.backend} ({engine.runtime.threads} threads), champion v{auto.predictor.version} "
+            f"(forests {forests['forests']}, waited for before timing), at most {max_rounds} rounds; prompts of "
+            f"seed {seed}: {'; '.join(w.label for w in workloads)}",
             flush=True,
         )
         table = auto.predictor.recipe.table
