@@ -30,12 +30,13 @@ demo: $(STAMP)
 # after 40 minutes, with every worker's stack dumped by faulthandler_timeout before that.
 PYTEST := OMP_WAIT_POLICY=PASSIVE timeout --kill-after=60 40m $(PY) -m pytest -q -n 2 --dist loadfile
 
-# the structure is checked with the tests: lint, format, the one-way import contracts (pyproject.toml)
+# the structure is checked with the tests: lint, format, the one-way import contracts (pyproject.toml);
+# the slowest tests are named: what to trim when the run nears 15 minutes
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(PYTEST)
+	$(PYTEST) --durations=12
 
 # the inner loop: the same checks, and the tests not marked slow (no servers, PostgreSQL or profiles)
 test-fast: $(STAMP)

@@ -26,7 +26,8 @@ def machine_best(data: Path, engine: Engine) -> Spec | None:
     except DataError:  # no rows at all
         return None
     hardware_id = engine.hardware().hardware_id
-    configs = anchor_configs(rows[rows.hardware_id == hardware_id]).get(anchor_key(hardware_id, engine.backend, engine.config.attn_impl))
+    key = anchor_key(hardware_id, engine.backend, engine.config.attn_impl)
+    configs = anchor_configs(rows[rows.hardware_id == hardware_id]).get(key)
     return best_single_size(configs) if configs else None
 
 

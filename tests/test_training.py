@@ -301,7 +301,7 @@ def test_training_keeps_only_rows_that_today_s_code_of_their_kernel_measured():
 
 
 def test_a_machine_s_sweep_is_one_fact_for_its_anchor_and_the_race_s_best_single_size():
-    """"This machine's best single size" has one reading: its profiled rows measured by today's code,
+    """One reading of "this machine's best single size": its profiled rows measured by today's code,
     each size's latest measurement (store.dataset.anchor_configs). Training's table (the recipe's
     anchors) and the race's lineup (evaluation.lineup.machine_best) both read it; the telemetry of
     `auto`'s own choices is no sweep and moves nothing."""
