@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, clamp_chunk, landed, rule_size, simple_rule
 
@@ -29,6 +29,7 @@ BACKEND_DEFAULTS: dict[str, tuple[str, Spec]] = {
     "llama.cpp": ("n_ubatch 512", "512"),
 }
 ANY = "*"
+V = TypeVar("V")
 
 
 class Baseline(NamedTuple):
@@ -116,12 +117,19 @@ def anchor_key(hardware_id: str | None, backend: str, attn_impl: str) -> str:
     return f"{hardware_id or ANY}/{backend}/{attn_impl}"
 
 
-def pooled(configs: Mapping[str, Sequence[MeasuredConfig]]) -> dict[str, list[MeasuredConfig]]:
-    """Every machine's configs per backend and kernel (anchor keys of any machine)."""
-    out: dict[str, list[MeasuredConfig]] = {}
+def with_pooled(configs: Mapping[str, Sequence[MeasuredConfig]]) -> dict[str, list[MeasuredConfig]]:
+    """Each machine's configs per backend and kernel, and under the key of any machine (ANY) every
+    machine's configs of that backend and kernel pooled: what a machine the rows do not hold gets."""
+    out: dict[str, list[MeasuredConfig]] = {key: list(measured) for key, measured in configs.items()}
     for key, measured in configs.items():
         out.setdefault(anchor_key(None, *key.split("/")[1:]), []).extend(measured)
     return out
+
+
+def machine_or_pooled(fitted: Mapping[str, V], hardware_id: str | None, backend: str, attn_impl: str) -> V | None:
+    """What `fitted` (keyed as with_pooled) holds for this machine, backend and kernel, else for any
+    machine of that backend and kernel (None: neither)."""
+    return fitted.get(anchor_key(hardware_id, backend, attn_impl)) or fitted.get(anchor_key(None, backend, attn_impl))
 
 
 def fit_anchors(configs: Mapping[str, Sequence[MeasuredConfig]]) -> dict[str, Baseline]:
@@ -131,7 +139,7 @@ def fit_anchors(configs: Mapping[str, Sequence[MeasuredConfig]]) -> dict[str, Ba
     anchor of a machine the rows do not hold."""
     return {
         key: strongest(lineup(key.split("/")[1], best_single_size(measured)), measured)
-        for key, measured in {**configs, **pooled(configs)}.items()
+        for key, measured in with_pooled(configs).items()
         if measured
     }
 
@@ -142,8 +150,4 @@ def anchor_for(anchors: Mapping[str, Baseline], hardware_id: str | None, backend
     the training table, its choices came within 3.2% of the measured best on average where the
     backend's own default came within 7.1%); for a backend or kernel no machine ran, the backend's
     own default: what its users run today, so keeping it does no harm."""
-    return (
-        anchors.get(anchor_key(hardware_id, backend, attn_impl))
-        or anchors.get(anchor_key(None, backend, attn_impl))
-        or backend_default(backend)
-    )
+    return machine_or_pooled(anchors, hardware_id, backend, attn_impl) or backend_default(backend)

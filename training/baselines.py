@@ -17,7 +17,15 @@ import pandas as pd
 from chunkpilot.chunks import describe_hand_rule, landed
 from chunkpilot.features import FEATURES
 from estimator.cost_models import PerCandidate
-from judge.lineup import anchor_for, anchor_key, applied, backend_default, best_single_size, fit_anchors, pooled
+from judge.lineup import (
+    anchor_for,
+    applied,
+    backend_default,
+    best_single_size,
+    fit_anchors,
+    machine_or_pooled,
+    with_pooled,
+)
 from judge.metrics import HeldOutChoices
 
 from .data import Table
@@ -105,13 +113,11 @@ class BestSingleSize(Spec):
     name = "best-single-size"
 
     def fit(self, train: Table) -> None:
-        by_key = train.anchor_configs
-        self.sizes = {key: best_single_size(configs) for key, configs in {**by_key, **pooled(by_key)}.items()}
+        self.sizes = {key: best_single_size(configs) for key, configs in with_pooled(train.anchor_configs).items()}
 
     def spec(self, group: str) -> str:
         hardware, backend, kernel = self.keys[group].split("/")
-        found = self.sizes.get(self.keys[group]) or self.sizes.get(anchor_key(None, backend, kernel))
-        return found or backend_default(backend).spec
+        return machine_or_pooled(self.sizes, hardware, backend, kernel) or backend_default(backend).spec
 
 
 class Strongest(Spec):
