@@ -28,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     report = judge_memory(load_table(args.data), with_budgets=True)
     if report is None:
-        parser.error(f"no row under {args.data} measured its peak memory (prefill_memory_bytes: harness 8)")
+        parser.error(f"no row under {args.data} measured its peak by today's method (store.dataset.MEMORY_SINCE)")
     print(format_memory(report))
     command = shlex.join([".venv/bin/python", "bench/memory.py", *sys.argv[1:]])
     print(f"recorded in {append_record(memory_record(command, report))} (`chunkpilot results` renders docs/memory.md)")

@@ -68,7 +68,7 @@ class Measured:
     tokenize_ms: np.ndarray  # [rows]
     chunk_ms: Sequence[np.ndarray | None]  # per row: each chunk's ms, None where not measured
     memory_bytes: np.ndarray | None = None  # [rows] the prefill's peak above the model, 0 where not measured
-    groups: np.ndarray | None = None  # [rows] each row's config
+    configs: np.ndarray | None = None  # [rows] each row's config (its key: one peak memory on every machine)
 
 
 def lgb_params(params: dict, seed: int) -> tuple[dict, int]:

@@ -167,7 +167,7 @@ def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> li
     if budget is not None and memory is None:
         raise Infeasible(
             "memory_budget_mb: this model has no memory side (no training row measured prefill_memory_bytes); "
-            "retrain it on rows of harness 8 or later, or leave the budget out",
+            "retrain it on rows that measured their peak, or leave the budget out",
             "no_memory_model",
         )
     plans: list[tuple[int, list[int]] | Infeasible] = []

@@ -5,10 +5,7 @@ every candidate so that a request's `memory_budget_mb` can be kept.
 An analytic model with fitted coefficients: the peak is a sum of the buffers a prefill holds at
 once, each a product of the shape, the chunk and the dtype (`terms`): the KV cache (and, where it
 grows by concatenation, as transformers' does, its old copy while a chunk appends), a chunk's
-hidden-state and MLP activations, its attention scores and its logits, and a constant. A buffer
-whose size is known outright keeps a coefficient of 1 (KNOWN: a bf16 model's vocabulary weight,
-repacked while its matmul runs: fitted freely, a kind with one bf16 config held out had nothing to
-fit it on, and its peak came out 4x or a tenth of what it measured). One
+hidden-state and MLP activations, its attention scores and its logits, and a constant. One
 non-negative fit per backend and kernel (their allocators and kernels keep different buffers), on
 the relative error (a budget is a ratio), and one over all rows for a backend or kernel without
 rows. Its safety margins are fitted too, one per backend and kernel: the 99th percentile of how
@@ -23,43 +20,46 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from chunkpilot.features import BACKEND_CODES, FEATURES, LAYOUT_CODES
+from chunkpilot.features import ATTN_CODES, BACKEND_CODES, FEATURES, LAYOUT_CODES
 
 MIB = 2**20
-TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "repacked")
-LLAMA_CPP = BACKEND_CODES["llama.cpp"]
+TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "kv_expanded")
+LLAMA_CPP, TRANSFORMERS = BACKEND_CODES["llama.cpp"], BACKEND_CODES["transformers"]
+BLOCKWISE = [ATTN_CODES["split"], ATTN_CODES["flash"]]  # kernels that score a block of keys at a time
 PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backends.py)
 MIN_MARGIN = 0.05  # never promise tighter than this, however well the held-out configs fit
 OWN_FIT = 3  # configs a backend and kernel needs for coefficients of its own (else the pooled fit's)
 _col = {name: i for i, name in enumerate(FEATURES)}
-# terms that are the buffer itself: coefficient 1, never fitted. The repacked weight is a CPU's
-# (oneDNN's bf16 matmul); no row tells a GPU's bf16 peak apart yet (no feature names the device,
-# and no GPU row has measured its peak): when one does, the term must be kept to CPU rows
-KNOWN = ("repacked",)
-_KNOWN = [TERMS.index(name) for name in KNOWN]
-_FITTED = [i for i in range(len(TERMS)) if i not in _KNOWN]
 
 
 def terms(x: np.ndarray) -> np.ndarray:
-    """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each (1 for
-    the KNOWN ones); `x`
+    """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each; `x`
     [rows, FEATURES] (chunkpilot.features.build). The KV cache keeps the whole prompt on global
     layers and, on local ones, two windows (ring) or the window and the chunk (shift), with the
-    sinks and global tokens; llama.cpp
-    sizes its batch and its cells up to PAD. A bf16 matmul on a CPU repacks its weight: the largest
-    (the vocabulary's) is held twice while it runs."""
+    sinks and global tokens; llama.cpp sizes its batch and its cells up to PAD."""
     col = _Columns(x)
     padded = col["backend"] == LLAMA_CPP
     n = np.where(padded, np.ceil((col["context_length"] + 1) / PAD) * PAD, col["context_length"])
     c = np.where(padded, np.ceil(col["chunk_size"] / PAD) * PAD, col["chunk_size"])
     window, local, extra = col["window"], col["local_fraction"], col["sinks"] + col["global_tokens"]
     ring = col["layout"] == LAYOUT_CODES["ring"]
-    # a local layer's cells: a ring's two windows of slots (engine/kv_cache.py), a shift's window and chunk
-    kept = np.where(window > 0, np.where(ring, 2 * window, np.minimum(n, window + c)) + extra, n)
+    # a local layer's cells: a ring's two windows of slots (engine/kv_cache.py); a shift's window and
+    # chunk in llama.cpp, twice over in the bundled engine's buffer of two, and in transformers the
+    # window it keeps (the window and the chunk it concatenates are one layer's, for a moment)
+    shift = np.select([padded, col["backend"] == TRANSFORMERS], [window + c, window], 2 * (window + c))
+    kept = np.where(window > 0, np.where(ring, 2 * window, np.minimum(n, shift)) + extra, n)
     cells = local * kept + (1 - local) * n
     width = col["dtype_bytes"] / MIB
     kv = 2 * col["num_layers"] * col["num_kv_heads"] * col["head_dim"] * cells * width
     keys = np.where(local < 1, n, kept)  # the widest layer's keys
+    # a chunk's query-key pairs: a batch against every cell in llama.cpp (sized once), a chunk
+    # against its keys in a window; without one, PyTorch's first chunk needs no mask (causal), and
+    # the largest after it is the last full chunk or the last partial one against every key
+    full = np.floor(n / c)
+    later = np.where(n > c, np.maximum(np.where(full >= 2, c * full * c, 0), (n - full * c) * n), 0)
+    pairs = np.where(padded | (window > 0), c * keys, later)
+    # split and flash score a block of keys at a time; split needs no mask either (flash one of f16)
+    scored, masked = ~np.isin(col["attn_impl"], BLOCKWISE), col["attn_impl"] != ATTN_CODES["split"]
     out = np.stack(
         [
             np.ones(len(x)),
@@ -67,10 +67,11 @@ def terms(x: np.ndarray) -> np.ndarray:
             kv * (1 - col["chunk_size"] / np.maximum(col["context_length"], 1)),  # a concatenating cache's old copy
             c * col["hidden_size"] * width,
             c * col["intermediate_size"] * width,
-            4 * col["num_heads"] * c * keys / MIB,  # a chunk's scores, every head
-            4 * c * keys / MIB,  # its mask, one for all heads
-            4 * c * col["vocab_size"] / MIB,
-            (col["dtype_bytes"] == 2) * col["vocab_size"] * col["hidden_size"] * width,
+            4 * col["num_heads"] * pairs * scored / MIB,  # a chunk's scores, every head
+            4 * pairs * masked / MIB,  # its mask, one for all heads
+            4 * np.where(padded, c, 1) * col["vocab_size"] / MIB,  # PyTorch keeps the last position's only
+            # one layer's keys and values repeated to every query head (transformers' GQA: repeat_kv)
+            2 * (col["num_kv_heads"] < col["num_heads"]) * col["num_heads"] * col["head_dim"] * keys * width,
         ],
         axis=1,
     )
@@ -102,16 +103,20 @@ def _kind(x: np.ndarray) -> list[str]:
     return [f"{b}/{k}" for b, k in codes.tolist()]
 
 
+def _backend(kind: str) -> str:
+    """The backend's code of a kind's "backend/kernel" codes."""
+    return kind.split("/")[0]
+
+
 def _fit(t: np.ndarray, mib: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the relative error, the KNOWN terms' held at 1."""
-    out = np.ones(len(TERMS))
-    out[_FITTED] = nnls(t[:, _FITTED] / mib[:, None], 1 - t[:, _KNOWN].sum(1) / mib)[0]
-    return out
+    """Non-negative coefficients minimising the relative error."""
+    return nnls(t / mib[:, None], np.ones(len(mib)))[0]
 
 
 @dataclass
 class MemoryModel:
-    coefficients: dict[str, list[float]] = field(default_factory=dict)  # "backend/kernel" codes -> per term
+    # per term, by "backend/kernel" codes, and by "backend" for a kind with too few configs of its own
+    coefficients: dict[str, list[float]] = field(default_factory=dict)
     pooled: list[float] = field(default_factory=list)  # over every row: a kind without rows
     margins: dict[str, float] = field(
         default_factory=dict
@@ -119,21 +124,24 @@ class MemoryModel:
     margin: float = MIN_MARGIN  # a kind without rows
 
     def fit(
-        self, x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray, rise: np.ndarray | None = None
+        self, x: np.ndarray, peak_bytes: np.ndarray, configs: np.ndarray, rise: np.ndarray | None = None
     ) -> MemoryModel:
-        """Fitted on rows `x` [rows, FEATURES] with their measured peaks (bytes > 0) and config
-        groups; the margin from each group held out in turn (`rise`: `held_out` of these very rows,
-        where the caller has it already)."""
+        """Fitted on rows `x` [rows, FEATURES] with their measured peaks (bytes > 0) and configs (a
+        config's peak is one on every machine: its rows of two machines are one config); the margin
+        from each config held out in turn (`rise`: `held_out` of these very rows, where the caller
+        has it already)."""
         mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
-        if len(np.unique(groups)) < 2:
+        if len(np.unique(configs)) < 2:
             raise ValueError("a memory model needs measured peaks of two configs at least (one to hold out)")
         self.pooled = _fit(t, mib).tolist()
+        backends = np.array([_backend(k) for k in kinds])
         self.coefficients = {
-            k: _fit(t[kinds == k], mib[kinds == k]).tolist()
-            for k in sorted(set(kinds))
-            if len(np.unique(groups[kinds == k])) >= OWN_FIT
+            key: _fit(t[m], mib[m]).tolist()
+            for column in (kinds, backends)
+            for key in sorted(set(column))
+            if len(np.unique(configs[m := column == key])) >= OWN_FIT
         }
-        rise = held_out(x, peak_bytes, groups) if rise is None else rise
+        rise = held_out(x, peak_bytes, configs) if rise is None else rise
         self.margin = max(MIN_MARGIN, float(np.quantile(rise, 0.99)))
         self.margins = {k: max(MIN_MARGIN, float(np.quantile(rise[kinds == k], 0.99))) for k in sorted(set(kinds))}
         return self
@@ -146,10 +154,14 @@ class MemoryModel:
         """[rows] predicted peak bytes above the loaded model."""
         t, kinds = terms(x), _kind(x)
         if len(set(kinds)) == 1:  # a request's candidates: one kind, one fit (the same arithmetic)
-            coef = np.broadcast_to(np.asarray(self.coefficients.get(kinds[0], self.pooled)), t.shape)
+            coef = np.broadcast_to(np.asarray(self._coefficients(kinds[0])), t.shape)
         else:
-            coef = np.array([self.coefficients.get(k, self.pooled) for k in kinds])
+            coef = np.array([self._coefficients(k) for k in kinds])
         return np.einsum("ij,ij->i", t, coef) * MIB
+
+    def _coefficients(self, kind: str) -> list[float]:
+        """A kind's own fit, else its backend's (its kernels share most buffers), else the pooled one."""
+        return self.coefficients.get(kind) or self.coefficients.get(_backend(kind)) or self.pooled
 
     def fits(self, x: np.ndarray, budget_mb: float) -> np.ndarray:
         """[rows] whether each predicted peak, raised by its margin, stays within `budget_mb`."""
@@ -168,18 +180,20 @@ class MemoryModel:
         return cls(saved["coefficients"], saved["pooled"], saved["margins"], saved["margin"])
 
 
-def held_out(x: np.ndarray, peak_bytes: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """[rows] measured / predicted - 1, each config predicted by a model fitted without it (a
-    kind with fewer than OWN_FIT configs, its own among them: by the pooled fit without it, as it
-    is served)."""
+def held_out(x: np.ndarray, peak_bytes: np.ndarray, configs: np.ndarray) -> np.ndarray:
+    """[rows] measured / predicted - 1, each config predicted by a model fitted without it, from the
+    rows it would be served from: its kind's if the kind has OWN_FIT configs, its own among them,
+    else its backend's if that has, else every row's."""
     mib, t, kinds = peak_bytes / MIB, terms(x), np.array(_kind(x))
+    backends = np.array([_backend(k) for k in kinds])
     out = np.empty(len(x))
-    for g in np.unique(groups):
-        test = groups == g
-        same = (kinds == kinds[test][0]) & ~test
-        own = len(np.unique(groups[same])) + 1 >= OWN_FIT  # as served: its own fit, else the pooled one
-        coef = _fit(t[same], mib[same]) if own else _fit(t[~test], mib[~test])
-        out[test] = mib[test] / np.maximum(t[test] @ coef, 1e-9) - 1
+    for config in np.unique(configs):
+        test = configs == config
+        kind = kinds == kinds[test][0]
+        backend = backends == backends[test][0]
+        served = next(m for m in (kind, backend, np.ones(len(x), bool)) if len(np.unique(configs[m])) >= OWN_FIT)
+        train = served & ~test
+        out[test] = mib[test] / np.maximum(t[test] @ _fit(t[train], mib[train]), 1e-9) - 1
     return out
 
 

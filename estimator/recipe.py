@@ -38,8 +38,9 @@ FEATURE_SET = [*FEATURES, *(f"chunk.{name}" for name in chunk_features.NAMES)]
 
 RECIPE_FILE = "recipe.json"
 # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin; 3: anchors;
-# 4: the memory model (estimator.memory), null where no row measured its peak
-FORMAT = 4
+# 4: the memory model (estimator.memory), null where no row measured its peak; 5: its terms of
+# PyTorch's allocator peak (harness 9) and its per-backend fits
+FORMAT = 5
 # the run params a registered champion must share with this ChunkPilot to serve it (the promotion gate)
 COMPATIBLE = {"features": ",".join(FEATURE_SET), "recipe_format": str(FORMAT)}
 
@@ -139,8 +140,8 @@ class Recipe:
         self.cost.fit(data)
         self.anchors = fit_anchors(configs)
         measured = None if data.memory_bytes is None else data.memory_bytes > 0
-        if measured is not None and len(np.unique(data.groups[measured])) >= 2:
-            self.memory = MemoryModel().fit(data.x[measured], data.memory_bytes[measured], data.groups[measured])
+        if measured is not None and len(np.unique(data.configs[measured])) >= 2:
+            self.memory = MemoryModel().fit(data.x[measured], data.memory_bytes[measured], data.configs[measured])
         return self
 
     def decide(self, request: ChunkRequest, tabled: bool = False) -> Decision:

@@ -45,8 +45,9 @@ from judge.lineup import MeasuredConfig, anchor_key
 
 # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
 # version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it, 7: llama.cpp's
-# `quant`, `n_batch`, `n_ubatch`, 8: `prefill_memory_bytes` (engine.memory); older files read
-HARNESS_VERSION = "8"
+# `quant`, `n_batch`, `n_ubatch`, 8: `prefill_memory_bytes` (engine.memory), 9: PyTorch's own
+# account of it (its allocator's peak, no longer the resident set); older files read
+HARNESS_VERSION = "9"
 # The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
 # engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
 # faster, most at small chunks: docs/performance.md), after which version 5 was the first; split
@@ -61,6 +62,10 @@ KERNEL_SINCE: dict[tuple[str, str], int] = {
     ("llama.cpp", "masked"): 5,
     ("llama.cpp", "flash"): 7,
 }
+# The first harness version whose `prefill_memory_bytes` today's code of each backend measures: the
+# bundled engine and generate read PyTorch's allocator since 9 (the resident set before: glibc's
+# arenas moved it by tens of MiB between runs of one size), llama.cpp its own buffers since 8
+MEMORY_SINCE: dict[str, int] = {"chunkpilot": 9, "transformers": 9, "llama.cpp": 8}
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to no live writer (one batch takes milliseconds)
 
@@ -396,6 +401,14 @@ def measured_by_today(rows: pd.DataFrame) -> pd.Series:
     since = [KERNEL_SINCE.get((b, k), 0) for b, k in zip(rows.backend, rows.attn_impl, strict=True)]
     versions = pd.to_numeric(rows.harness_version, errors="coerce").fillna(0).to_numpy()
     return pd.Series(versions >= since, index=rows.index) | (rows.spec_name == "telemetry")
+
+
+def memory_measured(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row's `prefill_memory_bytes` was measured, by today's method of its backend
+    (MEMORY_SINCE): what a memory model fits on."""
+    since = rows.backend.map(MEMORY_SINCE).fillna(HARNESS_VERSION).astype(int)
+    versions = pd.to_numeric(rows.harness_version, errors="coerce").fillna(0)
+    return (rows.prefill_memory_bytes.fillna(0) > 0) & (versions >= since)
 
 
 def measured_configs(rows: pd.DataFrame) -> dict[tuple[str, str], MeasuredConfig]:

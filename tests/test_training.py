@@ -300,6 +300,24 @@ def test_training_keeps_only_rows_that_today_s_code_of_their_kernel_measured():
     assert len(load_table(shipped, older_engines=True).rows) == len(every)
 
 
+def test_the_memory_model_fits_only_peaks_today_s_method_of_their_backend_measured():
+    """Every backend names the first harness version whose `prefill_memory_bytes` today's code
+    measures; the shipped rows of an older method (the bundled engine's resident set, harness 8) are
+    in the data but not in what the memory model fits, and some of today's are."""
+    from chunkpilot.contract import BACKENDS
+    from store.dataset import MEMORY_SINCE, memory_measured, read_dataset
+    from training.memory import measured_memory
+
+    assert set(BACKENDS) == MEMORY_SINCE.keys()
+    every = read_dataset(Path(__file__).resolve().parents[1] / "data" / "ttft")
+    older = (every.prefill_memory_bytes > 0) & (every.backend == "chunkpilot") & (every.harness_version == "8")
+    assert older.any() and not memory_measured(every)[older].any()
+    table = load_table(Path(__file__).resolve().parents[1] / "data" / "ttft")
+    rows, _ = measured_memory(table)
+    assert set(rows.backend) == set(BACKENDS) and memory_measured(rows).all()
+    assert (table.measured.memory_bytes > 0).sum() == len(rows)  # what the recipe fits: the same rows
+
+
 def test_a_machine_s_sweep_is_one_fact_for_its_anchor_and_the_race_s_best_single_size():
     """One reading of "this machine's best single size": its profiled rows measured by today's code,
     each size's latest measurement (store.dataset.anchor_configs). Training's table (the recipe's

@@ -22,6 +22,7 @@ from store.dataset import (
     latest,
     measured_by_today,
     measured_configs,
+    memory_measured,
     read_dataset,
     trusted_telemetry,
 )
@@ -67,9 +68,9 @@ class Table:
         """What a cost model fits on (numpy only, as the service holds it)."""
         chunk_ms = [None if ms is None else np.asarray(ms, dtype=float) for ms in self.rows.chunk_ms]
         rows = self.rows
-        memory = rows.prefill_memory_bytes.fillna(0).to_numpy(dtype=float)
+        memory = rows.prefill_memory_bytes.where(memory_measured(rows), 0).to_numpy(dtype=float)
         return Measured(
-            self.x, rows.ttft_ms.to_numpy(), rows.tokenize_ms.to_numpy(), chunk_ms, memory, rows.group.to_numpy()
+            self.x, rows.ttft_ms.to_numpy(), rows.tokenize_ms.to_numpy(), chunk_ms, memory, rows.config_key.to_numpy()
         )
 
     def measured_configs(self) -> dict[str, MeasuredConfig]:

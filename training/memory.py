@@ -24,6 +24,7 @@ from chunkpilot.contract import window_column
 from estimator.decide import Infeasible
 from estimator.memory import MIB, MemoryModel, held_out
 from estimator.recipe import DEFAULT, Recipe
+from store.dataset import memory_measured
 
 from .data import Table, hardware_table
 from .served import fit_recipes, request_of
@@ -55,8 +56,9 @@ class MemoryReport:
 
 
 def measured_memory(table: Table) -> tuple[pd.DataFrame, np.ndarray]:
-    """The rows that measured their peak (prefill_memory_bytes > 0) and their feature rows."""
-    keep = (table.rows.prefill_memory_bytes.fillna(0) > 0).to_numpy()
+    """The rows that measured their peak by today's method (store.dataset.memory_measured) and their
+    feature rows."""
+    keep = memory_measured(table.rows).to_numpy()
     return table.rows[keep].reset_index(drop=True), table.x[keep]
 
 
@@ -64,12 +66,12 @@ def judge_memory(table: Table, with_budgets: bool = False) -> MemoryReport | Non
     """The held-out report (the budgets too, if asked: a recipe fit per fold), or None where fewer
     than two configs measured their peak."""
     rows, x = measured_memory(table)
-    if rows.group.nunique() < 2:  # nothing to hold out
+    if rows.config_key.nunique() < 2:  # nothing to hold out
         return None
     peak = rows.prefill_memory_bytes.to_numpy(dtype=float)
-    groups = rows.group.to_numpy()
-    rise = held_out(x, peak, groups)  # measured / predicted - 1
-    model = MemoryModel().fit(x, peak, groups, rise)
+    configs = rows.config_key.to_numpy()  # a config measured on two machines is held out from both
+    rise = held_out(x, peak, configs)  # measured / predicted - 1
+    model = MemoryModel().fit(x, peak, configs, rise)
     frame = rows.assign(measured_mb=peak / MIB, predicted_mb=peak / MIB / (1 + rise), rise=rise)
     error = np.abs(rise)
     kinds = frame.backend + "/" + frame.attn_impl
@@ -78,7 +80,7 @@ def judge_memory(table: Table, with_budgets: bool = False) -> MemoryReport | Non
         kind: (
             float(np.mean(error[m])),
             float(np.quantile(error[m], 0.95)),
-            int(frame.group[m].nunique()),
+            int(frame.config_key[m].nunique()),
             margins[m][0],
         )
         for kind in sorted(kinds.unique())
@@ -87,7 +89,7 @@ def judge_memory(table: Table, with_budgets: bool = False) -> MemoryReport | Non
     choices = held_out_choices(table) if with_budgets else {}
     return MemoryReport(
         len(frame),
-        int(frame.group.nunique()),
+        int(frame.config_key.nunique()),
         float(error.mean()),
         float(np.quantile(error, 0.95)),
         model.margin,
@@ -124,17 +126,18 @@ def label(share: float) -> str:
 
 
 def held_out_choices(table: Table, folds: int = 4) -> dict[str, Choices]:
-    """group -> auto's choices, each config asked of the recipe fitted on the other folds' configs."""
+    """group -> auto's choices, each config asked of the recipe fitted on the other folds' configs
+    (a config held out on every machine that measured it)."""
     rows, _ = measured_memory(table)
-    groups = rows.group.unique()
+    configs = rows.config_key.unique()
     hardware = hardware_table(table.rows)
     out = {}
-    for k in range(min(folds, len(groups))):
-        held = groups[k::folds]
+    for k in range(min(folds, len(configs))):
+        held = table.rows.group[table.rows.config_key.isin(configs[k::folds])].unique()
         with tempfile.TemporaryDirectory(prefix="chunkpilot-memory-") as tmp:
             train = table.subset(np.setdiff1d(table.rows.group.unique(), held))
             recipe = fit_recipes([DEFAULT], {}, train, Path(tmp), hardware)[DEFAULT]
-        out |= {g: auto_choices(recipe, rows[rows.group == g]) for g in held}
+        out |= {g: auto_choices(recipe, rows[rows.group == g]) for g in held if (rows.group == g).any()}
     return out
 
 
