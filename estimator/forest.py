@@ -9,7 +9,9 @@ the members, read as raw scores, so one native call prices every member: the sam
 faster. Compiling takes a minute of one core, so it runs once per machine and model: the object
 code is cached under the user's cache (chunkpilot.cache), keyed by the trees, the compiler's
 versions and this CPU's name and features (a cache shared between machines never runs another
-CPU's code). Training and cross-validation predict with LightGBM; the service compiles in the
+CPU's code), by one process at a time (a lock per key: two services or CLI runs started together
+compile once), from the trees kept beside the object (an asker that exits mid-compile, a CLI run,
+still leaves the object for the next). Training and cross-validation predict with LightGBM; the service compiles in the
 background and swaps the compiled forest in when it is ready (predictor.model).
 """
 
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -31,6 +34,8 @@ import numpy as np
 
 from chunkpilot.cache import user_cache_dir
 
+COMPILE_S = 1800  # the longest a compile may take (5 x 300 inlined trees: a few minutes of a core)
+BUSY, POLL_S = 2, 1.0  # the child's exit code when another process compiles the same key; its poll
 # a tree of one leaf worth 0: pads a member whose training stopped early (no split left), so that
 # every member has as many trees as the others, as a multiclass model's classes must
 _EMPTY_TREE = (
@@ -130,13 +135,16 @@ def compile_forest(boosters: list[lgb.Booster], cache: Path | None = None):
 
     text = fused_text(boosters)
     with tempfile.TemporaryDirectory() as tmp:
-        model_file = Path(tmp) / "forest.txt"
-        model_file.write_text(text)
         folder = _cache(cache) or Path(tmp)  # no cache: compiled all the same, for this process only
-        target = folder / f"{_key(text)}.o"
+        key = _key(text)
+        target = folder / f"{key}.o"
+        # the trees beside their object, not in this process's temporary folder: a compile this
+        # process leaves behind when it exits (a CLI run) still lands for the next one
+        model_file = _written(folder / f"{key}.txt", text)
         if not _intact(target):
             child = [sys.executable, "-m", "estimator.forest", str(model_file), str(target)]
-            subprocess.run(child, capture_output=True, timeout=1800, check=False)
+            if subprocess.run(child, capture_output=True, timeout=COMPILE_S, check=False).returncode == BUSY:
+                _wait_for(target)
         if _intact(target):  # the child cached it only once it answered as LightGBM does
             model = lleaves.Model(model_file=str(model_file))
             model.compile(cache=str(target), raw_score=True, fcodemodel=CODE_MODEL)
@@ -148,9 +156,12 @@ def compile_forest(boosters: list[lgb.Booster], cache: Path | None = None):
 def _compile_and_check(model_file: Path, target: Path) -> int:
     """In a child process: compile, load what was written, check it against LightGBM, and only then
     put it in the cache with its digest (under a private name, then renamed: no reader sees half a
-    file). 0 when cached."""
+    file). 0 when cached; BUSY, compiling nothing, while another process compiles the same key."""
     import lleaves
 
+    lock = target.with_suffix(".lock")
+    if not _claim(lock):
+        return BUSY
     partial = target.with_name(f".{target.stem}.{os.getpid()}")
     try:
         lleaves.Model(model_file=str(model_file)).compile(cache=str(partial), raw_score=True, fcodemodel=CODE_MODEL)
@@ -164,6 +175,50 @@ def _compile_and_check(model_file: Path, target: Path) -> int:
         return 0
     finally:
         partial.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
+
+
+def _claim(lock: Path) -> bool:
+    """Whether this process now holds `lock` (a file naming its pid); a lock whose process is gone
+    is taken over."""
+    for _ in range(2):
+        try:
+            with os.fdopen(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as f:
+                f.write(str(os.getpid()))
+            return True
+        except FileExistsError:
+            if _holder_alive(lock):
+                return False
+            lock.unlink(missing_ok=True)  # its compiler died: stale
+    return False
+
+
+def _holder_alive(lock: Path) -> bool:
+    """Whether the process named in `lock` runs; a lock not yet written is its claimant's for a moment."""
+    try:
+        pid = lock.read_text()
+        if not pid:
+            return time.time() - lock.stat().st_mtime < POLL_S * 10
+        os.kill(int(pid), 0)
+        return True
+    except (OSError, ValueError):  # its process is gone (or the lock with it)
+        return False
+
+
+def _wait_for(target: Path) -> None:
+    """Until the process compiling `target` has cached it or is gone (COMPILE_S at most)."""
+    lock, end = target.with_suffix(".lock"), time.monotonic() + COMPILE_S
+    while time.monotonic() < end and not _intact(target) and lock.exists() and _holder_alive(lock):
+        time.sleep(POLL_S)
+
+
+def _written(path: Path, text: str) -> Path:
+    """`path` holding `text`, written under a private name and renamed (no reader sees half)."""
+    if not path.is_file() or path.read_text() != text:
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(text)
+        os.replace(partial, path)
+    return path
 
 
 @dataclass

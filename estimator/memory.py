@@ -191,7 +191,8 @@ def held_out(x: np.ndarray, peak_bytes: np.ndarray, configs: np.ndarray) -> np.n
         test = configs == config
         kind = kinds == kinds[test][0]
         backend = backends == backends[test][0]
-        served = next(m for m in (kind, backend, np.ones(len(x), bool)) if len(np.unique(configs[m])) >= OWN_FIT)
+        every = np.ones(len(x), bool)
+        served = next((m for m in (kind, backend) if len(np.unique(configs[m])) >= OWN_FIT), every)
         train = served & ~test
         out[test] = mib[test] / np.maximum(t[test] @ _fit(t[train], mib[train]), 1e-9) - 1
     return out

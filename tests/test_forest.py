@@ -3,12 +3,15 @@ predicts, are compiled once per machine and model, and the service swaps them in
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import lightgbm as lgb
 import numpy as np
 import pytest
 
 from chunkpilot.contract import ChunkRequest
-from estimator.forest import Forest, fused_text
+from estimator.forest import BUSY, Forest, fused_text
 
 
 def boosters(members: int = 3, rounds: int = 25, seed: int = 0) -> list[lgb.Booster]:
@@ -87,6 +90,36 @@ def test_a_forest_of_one_member_predicts_one_row_of_members(tmp_path):
     forest.compile(tmp_path)
     assert before.shape == forest.predict(x).shape == (1, 9)
     assert np.allclose(forest.predict(x), before, rtol=0, atol=1e-12)
+
+
+def test_a_forest_compiles_in_one_process_at_a_time_from_trees_that_outlive_the_asker(tmp_path):
+    """The compiler reads the trees from beside their object, not from the asking process's
+    temporary folder, so a short-lived asker (a CLI run) that exits mid-compile still leaves the
+    object for the next. While another live process holds a key's lock, a compiler of that key
+    compiles nothing (the asker waits for that object); a lock whose process is gone is taken over."""
+    members = boosters()
+    Forest(members).compile(tmp_path)
+    (cached,) = tmp_path.glob("*.o")
+    trees = cached.with_suffix(".txt")
+    assert trees.is_file() and not cached.with_suffix(".lock").exists()
+    for done in (cached, cached.with_suffix(".sha256")):
+        done.unlink()
+    compiler = [sys.executable, "-m", "estimator.forest", str(trees), str(cached)]
+    holder = subprocess.Popen(["sleep", "60"])  # another process, compiling this key as far as its lock says
+    try:
+        cached.with_suffix(".lock").write_text(str(holder.pid))
+        assert subprocess.run(compiler, capture_output=True, check=False).returncode == BUSY
+        assert not cached.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert subprocess.run(compiler, capture_output=True, check=False).returncode == 0  # a dead holder's lock
+    assert cached.is_file() and not cached.with_suffix(".lock").exists()
+    x = np.random.default_rng(4).uniform(0, 100, size=(9, 6))
+    forest = Forest(members)
+    forest.compile(tmp_path)
+    assert forest.compiled is not None
+    assert np.allclose(forest.predict(x), Forest(members).predict(x), rtol=0, atol=1e-12)
 
 
 def test_a_damaged_cached_object_is_compiled_again_never_loaded(tmp_path):

@@ -86,6 +86,8 @@ def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
     assert model.margin == MIN_MARGIN == model.margin_of(unseen)[0] and len(TERMS) == len(truth)
     budget = model.predict_bytes(unseen)[0] * (1 + MIN_MARGIN) / MIB
     assert model.fits(unseen, budget * 1.001)[0] and not model.fits(unseen, budget * 0.999)[0]
+    few = MemoryModel().fit(x[:6], terms(x[:6]) @ truth * MIB, np.arange(6) // 3)  # two configs: every row's fit
+    assert few.coefficients == {} and few.predict_bytes(unseen)[0] > 0
 
 
 @pytest.fixture(scope="module")
