@@ -213,8 +213,9 @@ def _wait_for(target: Path) -> None:
 
 
 def _written(path: Path, text: str) -> Path:
-    """`path` holding `text`, written under a private name and renamed (no reader sees half)."""
-    if not path.is_file() or path.read_text() != text:
+    """`path` holding `text`, written under a private name and renamed (no reader sees half); a
+    file there already holds it (its name is the digest of the text: `_key`)."""
+    if not path.is_file():
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         partial.write_text(text)
         os.replace(partial, path)
