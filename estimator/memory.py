@@ -5,12 +5,14 @@ every candidate so that a request's `memory_budget_mb` can be kept.
 An analytic model with fitted coefficients: the peak is a sum of the buffers a prefill holds at
 once, each a product of the shape, the chunk and the dtype (`terms`): the KV cache (and, where it
 grows by concatenation, as transformers' does, its old copy while a chunk appends), a chunk's
-hidden-state and MLP activations, its attention scores and its logits, and a constant. One
-non-negative fit per backend and kernel (their allocators and kernels keep different buffers), on
-the relative error (a budget is a ratio), and one over all rows for a backend or kernel without
-rows. Its safety margins are fitted too, one per backend and kernel: the 99th percentile of how
-far that kind's held-out configs' measured peaks rose above their predictions (one config held out
-at a time), so that a budgeted choice fits about 99 times in 100 where the model was judged.
+hidden-state and MLP activations, its attention scores and mask, its logits, and a constant, taken
+at the chunk and phase where the peak falls (a buffer freed before another exists is not summed with
+it: llama.cpp's scores and logits, a PyTorch layer's attention and MLP). One non-negative fit per
+backend and kernel (their allocators and kernels keep different buffers), on the relative error (a
+budget is a ratio), and one over all rows for a backend or kernel without rows. Its safety margins
+are fitted too, one per backend and kernel: the 99th percentile of how far that kind's held-out
+configs' measured peaks rose above their predictions (one config held out at a time), so that a
+budgeted choice fits about 99 times in 100 where the model was judged.
 """
 
 from __future__ import annotations
@@ -23,61 +25,20 @@ from scipy.optimize import nnls
 from chunkpilot.features import ATTN_CODES, BACKEND_CODES, FEATURES, LAYOUT_CODES
 
 MIB = 2**20
-TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "kv_expanded")
+TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "kv_expanded", "graph")
 LLAMA_CPP, TRANSFORMERS = BACKEND_CODES["llama.cpp"], BACKEND_CODES["transformers"]
 BLOCKWISE = [ATTN_CODES["split"], ATTN_CODES["flash"]]  # kernels that score a block of keys at a time
 PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backends.py)
 MIN_MARGIN = 0.05  # never promise tighter than this, however well the held-out configs fit
 OWN_FIT = 3  # configs a backend and kernel needs for coefficients of its own (else the pooled fit's)
 _col = {name: i for i, name in enumerate(FEATURES)}
-
-
-def terms(x: np.ndarray) -> np.ndarray:
-    """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each; `x`
-    [rows, FEATURES] (chunkpilot.features.build). The KV cache keeps the whole prompt on global
-    layers and, on local ones, two windows (ring) or the window and the chunk (shift), with the
-    sinks and global tokens; llama.cpp sizes its batch and its cells up to PAD."""
-    col = _Columns(x)
-    padded = col["backend"] == LLAMA_CPP
-    n = np.where(padded, np.ceil((col["context_length"] + 1) / PAD) * PAD, col["context_length"])
-    c = np.where(padded, np.ceil(col["chunk_size"] / PAD) * PAD, col["chunk_size"])
-    window, local, extra = col["window"], col["local_fraction"], col["sinks"] + col["global_tokens"]
-    ring = col["layout"] == LAYOUT_CODES["ring"]
-    # a local layer's cells: a ring's two windows of slots (engine/kv_cache.py); a shift's window and
-    # chunk in llama.cpp, twice over in the bundled engine's buffer of two, and in transformers the
-    # window it keeps (the window and the chunk it concatenates are one layer's, for a moment)
-    shift = np.select([padded, col["backend"] == TRANSFORMERS], [window + c, window], 2 * (window + c))
-    kept = np.where(window > 0, np.where(ring, 2 * window, np.minimum(n, shift)) + extra, n)
-    cells = local * kept + (1 - local) * n
-    width = col["dtype_bytes"] / MIB
-    kv = 2 * col["num_layers"] * col["num_kv_heads"] * col["head_dim"] * cells * width
-    keys = np.where(local < 1, n, kept)  # the widest layer's keys
-    # a chunk's query-key pairs: a batch against every cell in llama.cpp (sized once), a chunk
-    # against its keys in a window; without one, PyTorch's first chunk needs no mask (causal), and
-    # the largest after it is the last full chunk or the last partial one against every key
-    full = np.floor(n / c)
-    later = np.where(n > c, np.maximum(np.where(full >= 2, c * full * c, 0), (n - full * c) * n), 0)
-    pairs = np.where(padded | (window > 0), c * keys, later)
-    # split and flash score a block of keys at a time; split needs no mask either (flash one of f16)
-    scored, masked = ~np.isin(col["attn_impl"], BLOCKWISE), col["attn_impl"] != ATTN_CODES["split"]
-    out = np.stack(
-        [
-            np.ones(len(x)),
-            kv,
-            kv * (1 - col["chunk_size"] / np.maximum(col["context_length"], 1)),  # a concatenating cache's old copy
-            c * col["hidden_size"] * width,
-            c * col["intermediate_size"] * width,
-            4 * col["num_heads"] * pairs * scored / MIB,  # a chunk's scores, every head
-            4 * pairs * masked / MIB,  # its mask, one for all heads
-            4 * np.where(padded, c, 1) * col["vocab_size"] / MIB,  # PyTorch keeps the last position's only
-            # one layer's keys and values repeated to every query head (transformers' GQA: repeat_kv)
-            2 * (col["num_kv_heads"] < col["num_heads"]) * col["num_heads"] * col["head_dim"] * keys * width,
-        ],
-        axis=1,
-    )
-    if padded.any():
-        out[padded] *= LLAMA_CPP_TERMS  # its buffers are sized once, by the graph: no activations kept apart
-    return out
+_index = {name: i for i, name in enumerate(TERMS)}
+# llama.cpp's context holds its KV cells, its mask and the larger of its graph's two phases (a
+# batch's scores, every head, or its logits): its reported buffers are made of these
+LLAMA_CPP_TERMS = np.array([name in ("kv", "mask", "graph") for name in TERMS], dtype=float)
+# a PyTorch layer frees its attention's buffers before its MLP's (gate, up and their product) exist
+ATTENTION, MLP = [_index[n] for n in ("scores", "mask", "kv_expanded")], [_index["mlp"]]
+HELD = [_index[n] for n in ("constant", "kv", "hidden", "logits")]  # through both phases
 
 
 class _Columns:
@@ -90,9 +51,85 @@ class _Columns:
         return self.x[:, _col[name]]
 
 
-# llama.cpp's context holds its KV cells, the largest chunk's scores and mask, and the logits of a
-# batch: the terms its reported buffers are made of (the others would only fit noise)
-LLAMA_CPP_TERMS = np.array([name in ("kv", "scores", "mask", "logits") for name in TERMS], dtype=float)
+def terms(x: np.ndarray) -> np.ndarray:
+    """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each; `x`
+    [rows, FEATURES] (chunkpilot.features.build). Two chunks can hold the peak: the last full one
+    and the partial one after it, which sees every key. llama.cpp sizes its buffers once, for a
+    batch of the largest chunk against every cell (both rounded up to PAD); the bundled engine
+    allocates its cache for the whole prompt and holds each other buffer at its largest; a
+    transformers cache grows by concatenation, so its peak is the one chunk and phase (attention or
+    MLP) that holds the most bytes."""
+    col = _Columns(x)
+    llama, growing = col["backend"] == LLAMA_CPP, col["backend"] == TRANSFORMERS
+    n = np.where(llama, np.ceil((col["context_length"] + 1) / PAD) * PAD, col["context_length"])
+    c = np.minimum(np.where(llama, np.ceil(col["chunk_size"] / PAD) * PAD, col["chunk_size"]), n)
+    full, none = np.floor(n / c), np.zeros(len(x), bool)
+    rest = n - full * c
+    last_full = _at(col, c, full * c, np.where(growing, full * c, n), full == 1)
+    last_part = np.where((rest > 0)[:, None], _at(col, np.maximum(rest, 1), n, n, none), 0)
+    out = np.maximum(last_full, last_part)  # the bundled engine
+    out[growing] = _at_peak(last_full[growing], last_part[growing])
+    if llama.any():
+        sized = _at(col, c, n, n, none)[llama]
+        sized[:, _index["graph"]] = np.maximum(sized[:, _index["scores"]], sized[:, _index["logits"]])
+        out[llama] = sized * LLAMA_CPP_TERMS
+    return out
+
+
+def _at(col: _Columns, c: np.ndarray, keys: np.ndarray, cached: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """[rows, TERMS] while a chunk of `c` tokens attends to `keys` keys with `cached` positions in
+    the cache (`first`: the prompt's first chunk, which needs no mask in PyTorch: causal)."""
+    llama, growing = col["backend"] == LLAMA_CPP, col["backend"] == TRANSFORMERS
+    window, local, extra = col["window"], col["local_fraction"], col["sinks"] + col["global_tokens"]
+    ring = col["layout"] == LAYOUT_CODES["ring"]
+    # a local layer's cells: a ring's two windows of slots (engine/kv_cache.py); a shift's window
+    # and chunk, twice over in the bundled engine's buffer of two (transformers keeps a view of
+    # the window in the concatenation, which holds the whole)
+    shift = np.where(llama | growing, window + c, 2 * (window + c))
+    kept = np.where(window > 0, np.where(ring, 2 * window, np.minimum(cached, shift)) + extra, cached)
+    seen = np.where(window > 0, np.where(ring, 2 * window, np.minimum(keys, shift)) + extra, keys)
+    cells = local * kept + (1 - local) * cached
+    width = col["dtype_bytes"] / MIB
+    kv = 2 * col["num_layers"] * col["num_kv_heads"] * col["head_dim"] * cells * width
+    widest = np.where(local < 1, keys, seen)  # the widest layer's keys
+    pairs = np.where(llama | (window > 0) | ~first, c * widest, 0)
+    # split and flash score a block of keys at a time, and so does PyTorch's sdpa under
+    # transformers' masked (its CPU flash kernel); split needs no mask either (flash one of f16)
+    attn = col["attn_impl"]
+    scored = ~np.isin(attn, BLOCKWISE) & ~(growing & (attn == ATTN_CODES["masked"]))
+    masked = attn != ATTN_CODES["split"]
+    gqa = col["num_kv_heads"] < col["num_heads"]
+    return np.stack(
+        [
+            np.ones(len(c)),
+            kv,
+            kv * (1 - c / np.maximum(keys, 1)),  # a concatenating cache's old copy
+            c * col["hidden_size"] * width,
+            c * col["intermediate_size"] * width,
+            4 * col["num_heads"] * pairs * scored / MIB,  # a chunk's scores, every head
+            4 * pairs * masked / MIB,  # its mask, one for all heads
+            4 * np.where(llama, c, 1) * col["vocab_size"] / MIB,  # PyTorch keeps the last position's only
+            # one layer's keys and values repeated to every query head (transformers' GQA: repeat_kv)
+            2 * gqa * col["num_heads"] * col["head_dim"] * widest * width,
+            np.zeros(len(c)),  # llama.cpp's larger phase (terms)
+        ],
+        axis=1,
+    )
+
+
+def _at_peak(last_full: np.ndarray, last_part: np.ndarray) -> np.ndarray:
+    """Each row's terms of the chunk and phase holding the most bytes (each buffer counted once,
+    the MLP's three), the other phase's terms zeroed."""
+    best, most = np.zeros_like(last_full), np.full(len(last_full), -1.0)
+    for t in (last_full, last_part):
+        attention, mlp = t[:, ATTENTION].sum(1), 3 * t[:, MLP].sum(1)
+        held = t[:, HELD].sum(1) + np.maximum(attention, mlp)
+        phase = t.copy()
+        phase[np.ix_(attention >= mlp, MLP)] = 0
+        phase[np.ix_(attention < mlp, ATTENTION)] = 0
+        best = np.where((held > most)[:, None], phase, best)
+        most = np.maximum(held, most)
+    return best
 
 
 def _kind(x: np.ndarray) -> list[str]:

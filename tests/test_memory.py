@@ -62,14 +62,32 @@ def test_a_prefill_s_peak_is_exact_grows_with_its_chunk_and_the_resident_set_hol
         assert 0.9 * ours <= resident <= 3 * ours + 32 * MIB, (chunk, ours, resident)
 
 
-def rows(n: np.ndarray, c: np.ndarray) -> np.ndarray:
+def rows(n: np.ndarray, c: np.ndarray, **given: object) -> np.ndarray:
     config = {"window": 0, "layout": "none", "sinks": 0, "global_tokens": 0, "global_every": 0, "num_layers": 4}
     shape = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 4, "head_dim": 64, "intermediate_size": 768}
     runtime = {"vocab_size": 4096, "parameters": 1e7, "dtype": "float32", "threads": 2, "attn_impl": "split"}
     return build(
         {**config, **shape, **runtime, **HARDWARE, "backend": "chunkpilot", "quant": None, "l2_cache_bytes": 0}
         | {"l3_cache_bytes": 0, "context_length": n, "chunk_size": c}
+        | given
     )
+
+
+def test_buffers_freed_before_others_exist_are_not_summed():
+    """Unit test of the terms (no engine): llama.cpp's graph holds a batch's scores or its logits,
+    never both; generate's peak is the chunk and phase holding the most, so a 4,096-token first
+    chunk of 4,500 (no mask: causal) peaks in its MLP, and 128-token chunks in a late chunk's attention."""
+    column = {name: i for i, name in enumerate(TERMS)}
+    n = np.array([4500.0, 4500.0])
+    llama = terms(rows(n, np.array([256.0, 4096.0]), backend="llama.cpp", attn_impl="masked"))
+    scores = 4 * 4 * np.array([256, 4096]) * 4608 / MIB  # every head, a padded batch against every cell
+    logits = 4 * np.array([256, 4096]) * 4096 / MIB
+    assert llama[:, column["graph"]] == pytest.approx(np.maximum(scores, logits))
+    assert (llama[:, [column["scores"], column["logits"]]] == 0).all()
+    generate = terms(rows(n, np.array([4096.0, 128.0]), backend="transformers", attn_impl="masked"))
+    assert generate[0, column["mask"]] == 0 < generate[0, column["mlp"]]
+    assert generate[1, column["mlp"]] == 0 < generate[1, column["mask"]]
+    assert (generate[:, column["scores"]] == 0).all()  # sdpa's CPU kernel scores a block at a time
 
 
 def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
@@ -79,7 +97,7 @@ def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
     n = rng.integers(500, 9000, 60).astype(float)
     c = np.minimum(rng.choice([128, 256, 512, 1024, 2048], 60), n)
     x = rows(n, c)
-    truth = np.array([12.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.5, 0.0, 0.0])  # a constant, KV, activations, scores, mask
+    truth = np.array([12.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.5, 0.0, 0.0, 0.0])  # a constant, KV, activations, scores, mask
     model = MemoryModel().fit(x, terms(x) @ truth * MIB, np.arange(60) // 3)
     unseen = rows(np.array([6000.0]), np.array([768.0]))
     assert model.predict_bytes(unseen)[0] == pytest.approx((terms(unseen) @ truth)[0] * MIB, rel=1e-3)
