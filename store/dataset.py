@@ -418,12 +418,11 @@ def measured_configs(rows: pd.DataFrame) -> dict[tuple[str, str], MeasuredConfig
         key: MeasuredConfig(
             r.chunk_size.tolist(),
             r.ttft_ms.tolist(),
-            int(first.context_length),
-            window_column(first.window),
-            first.layout,
+            int(r.context_length.iat[0]),
+            window_column(r.window.iat[0]),
+            r.layout.iat[0],
         )
-        for key, r in rows.groupby(["config_key", "hardware_id"], sort=False)
-        for first in [r.iloc[0]]
+        for key, r in rows.groupby(["config_key", "hardware_id"], sort=False)  # a row's Series: slow
     }
 
 
