@@ -59,21 +59,46 @@ def terms(x: np.ndarray) -> np.ndarray:
     allocates its cache for the whole prompt and holds each other buffer at its largest; a
     transformers cache grows by concatenation, so its peak is the one chunk and phase (attention or
     MLP) that holds the most bytes."""
-    col = _Columns(x)
-    llama, growing = col["backend"] == LLAMA_CPP, col["backend"] == TRANSFORMERS
-    n = np.where(llama, np.ceil((col["context_length"] + 1) / PAD) * PAD, col["context_length"])
-    c = np.minimum(np.where(llama, np.ceil(col["chunk_size"] / PAD) * PAD, col["chunk_size"]), n)
-    full, none = np.floor(n / c), np.zeros(len(x), bool)
-    rest = n - full * c
-    last_full = _at(col, c, full * c, np.where(growing, full * c, n), full == 1)
-    last_part = np.where((rest > 0)[:, None], _at(col, np.maximum(rest, 1), n, n, none), 0)
-    out = np.maximum(last_full, last_part)  # the bundled engine
-    out[growing] = _at_peak(last_full[growing], last_part[growing])
-    if llama.any():
-        sized = _at(col, c, n, n, none)[llama]
-        sized[:, _index["graph"]] = np.maximum(sized[:, _index["scores"]], sized[:, _index["logits"]])
-        out[llama] = sized * LLAMA_CPP_TERMS
+    out, backend = np.empty((len(x), len(TERMS))), x[:, _col["backend"]]
+    for rows, held in (
+        (backend == LLAMA_CPP, _sized_once),
+        (backend == TRANSFORMERS, _growing),
+        (~np.isin(backend, [LLAMA_CPP, TRANSFORMERS]), _bundled),
+    ):
+        if rows.any():  # a request's candidates are one backend's: one of the three
+            out[rows] = held(_Columns(x[rows]))
     return out
+
+
+def _sized_once(col: _Columns) -> np.ndarray:
+    """llama.cpp: its graph's buffers for a batch of the largest chunk against every cell, both
+    rounded up to PAD, holding the scores or the logits, the larger."""
+    n = np.ceil((col["context_length"] + 1) / PAD) * PAD
+    c = np.minimum(np.ceil(col["chunk_size"] / PAD) * PAD, n)
+    sized = _at(col, c, n, n, np.zeros(len(n), bool))
+    sized[:, _index["graph"]] = np.maximum(sized[:, _index["scores"]], sized[:, _index["logits"]])
+    return sized * LLAMA_CPP_TERMS
+
+
+def _two_chunks(col: _Columns, growing: bool) -> tuple[np.ndarray, np.ndarray]:
+    """[rows, TERMS] at the last full chunk and at the partial one after it (zeros where none)."""
+    n, c = col["context_length"], np.minimum(col["chunk_size"], col["context_length"])
+    full = np.floor(n / c)
+    rest = n - full * c
+    last_full = _at(col, c, full * c, full * c if growing else n, full == 1)
+    last_part = np.where((rest > 0)[:, None], _at(col, np.maximum(rest, 1), n, n, np.zeros(len(n), bool)), 0)
+    return last_full, last_part
+
+
+def _bundled(col: _Columns) -> np.ndarray:
+    """The bundled engine: its cache allocated for the whole prompt, each other buffer at its
+    largest over the two chunks."""
+    return np.maximum(*_two_chunks(col, growing=False))
+
+
+def _growing(col: _Columns) -> np.ndarray:
+    """transformers: a cache grown by concatenation, the peak in one chunk and phase."""
+    return _at_peak(*_two_chunks(col, growing=True))
 
 
 def _at(col: _Columns, c: np.ndarray, keys: np.ndarray, cached: np.ndarray, first: np.ndarray) -> np.ndarray:
