@@ -25,7 +25,7 @@ from scipy.optimize import nnls
 from chunkpilot.features import ATTN_CODES, BACKEND_CODES, FEATURES, LAYOUT_CODES
 
 MIB = 2**20
-TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "kv_expanded", "graph")
+TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "kv_expanded", "graph", "prepended")
 LLAMA_CPP, TRANSFORMERS = BACKEND_CODES["llama.cpp"], BACKEND_CODES["transformers"]
 BLOCKWISE = [ATTN_CODES["split"], ATTN_CODES["flash"]]  # kernels that score a block of keys at a time
 PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backends.py)
@@ -137,6 +137,9 @@ def _at(col: _Columns, c: np.ndarray, keys: np.ndarray, cached: np.ndarray, firs
             # one layer's keys and values repeated to every query head (transformers' GQA: repeat_kv)
             2 * gqa * col["num_heads"] * col["head_dim"] * widest * width,
             np.zeros(len(c)),  # llama.cpp's larger phase (terms)
+            # a window layer's keys and values copied once more where its sinks or global tokens are
+            # put before them (engine/kv_cache.py: prepend), one layer's as it attends
+            2 * (extra > 0) * col["num_kv_heads"] * col["head_dim"] * np.minimum(seen, keys + extra) * width,
         ],
         axis=1,
     )

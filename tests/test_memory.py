@@ -88,6 +88,9 @@ def test_buffers_freed_before_others_exist_are_not_summed():
     assert generate[0, column["mask"]] == 0 < generate[0, column["mlp"]]
     assert generate[1, column["mlp"]] == 0 < generate[1, column["mask"]]
     assert (generate[:, column["scores"]] == 0).all()  # sdpa's CPU kernel scores a block at a time
+    ring = {"window": 1024, "layout": "ring", "global_every": 0}
+    plain, sunk = (terms(rows(n[:1], np.array([64.0]), **ring, sinks=s)) for s in (0, 4))
+    assert plain[0, column["prepended"]] == 0 < sunk[0, column["prepended"]]  # the sinks' concatenation copies
 
 
 def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
@@ -97,7 +100,8 @@ def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
     n = rng.integers(500, 9000, 60).astype(float)
     c = np.minimum(rng.choice([128, 256, 512, 1024, 2048], 60), n)
     x = rows(n, c)
-    truth = np.array([12.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.5, 0.0, 0.0, 0.0])  # a constant, KV, activations, scores, mask
+    # a constant, KV, activations, scores, mask
+    truth = np.array([12.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0])
     model = MemoryModel().fit(x, terms(x) @ truth * MIB, np.arange(60) // 3)
     unseen = rows(np.array([6000.0]), np.array([768.0]))
     assert model.predict_bytes(unseen)[0] == pytest.approx((terms(unseen) @ truth)[0] * MIB, rel=1e-3)
