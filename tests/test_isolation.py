@@ -125,6 +125,10 @@ def test_a_native_test_that_dies_fails_alone_and_its_file_goes_on(tmp_path):
             "loadfile",
             "-p",
             "no:cacheprovider",
+            # its own temp root: a pytest on the default one makes /tmp/pytest-of-<user> private
+            # again, and a PostgreSQL of the outer run (another user) then cannot reach its folder
+            "--basetemp",
+            str(tmp_path / "inner"),
         ],
         cwd=tmp_path,
         env=env,
