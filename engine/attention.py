@@ -36,9 +36,14 @@ def visible(
     the global store (`key_global` [K]) instead only outside the window, where its window copy is
     gone or hidden, so that no query sees a token twice."""
     q, k = query_pos[:, None], key_pos[None, :]
-    allowed = k <= q
+    allowed = k <= q  # [Q, K]
     if window is not None:
-        allowed &= ((q - k < window) | (k < sinks)) != key_global[None, :]
+        # k against each query's [Q, 1] edge: a [Q, K] difference of positions would hold 8 bytes a
+        # cell, the step's peak at a long chunk (72.7 vs 53.4 MiB at 1,024 tokens of a 2,048 window)
+        near = k > q - window  # [Q, K]
+        near |= k < sinks
+        near ^= key_global[None, :]
+        allowed &= near
     return allowed
 
 
@@ -65,9 +70,9 @@ class StepMasks:
         if self.attn_impl != "eager" and no_history and (layer.window is None or q.shape[0] <= layer.window):
             return None  # plain causal: the flash kernel's is_causal path is about 2x faster than any mask
         allowed = visible(q, k, layer.window, layer.sinks.size, layer.key_global)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=q.device)
         # additive float mask: what eager expects, and faster than a bool mask in sdpa on CPU
-        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]  # [1, 1, Q, K]
+        mask = torch.full(allowed.shape, torch.finfo(self.dtype).min, dtype=self.dtype, device=q.device)
+        return mask.masked_fill_(allowed, 0.0)[None, None]  # [1, 1, Q, K]
 
 
 Block = tuple[torch.Tensor, torch.Tensor, slice]  # (out [B, H, q, D], lse [B, H, q], the queries it covers)

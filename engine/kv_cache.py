@@ -28,8 +28,8 @@ class Sinks:
     def take(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep the chunk's tokens that are sinks; return the rest."""
         n = min(max(self.size - self.count, 0), keys.shape[-2])
-        if n:
-            head_k, head_v = keys[..., :n, :], values[..., :n, :]
+        if n:  # copies: a view would keep the whole first chunk's keys and values alive
+            head_k, head_v = keys[..., :n, :].clone(), values[..., :n, :].clone()
             self.keys = head_k if self.keys is None else torch.cat([self.keys, head_k], dim=-2)
             self.values = head_v if self.values is None else torch.cat([self.values, head_v], dim=-2)
             self.count += n
@@ -200,9 +200,9 @@ class ShiftLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         self.globals.copy(key_states, value_states, self.get_seq_length())
+        if not self.is_initialized:  # sized for a whole chunk: sized after the sinks are taken, the
+            self.lazy_initialization(key_states, value_states)  # next full chunk would double it
         key_states, value_states = self.sinks.take(key_states, value_states)
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
         keys, values = self.buffer.append(key_states, value_states, keep=self.window - 1)
         self.keys, self.values = keys, values
         self.cumulative_length += key_states.shape[-2]

@@ -18,14 +18,18 @@ budgeted choice fits about 99 times in 100 where the model was judged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from scipy.optimize import nnls
 
-from chunkpilot.features import ATTN_CODES, BACKEND_CODES, FEATURES, LAYOUT_CODES
+from chunkpilot.features import ATTN_CODES, BACKEND_CODES, FEATURES, LAYOUT_CODES, shift_in_one_call
 
 MIB = 2**20
-TERMS = ("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits", "kv_expanded", "graph", "prepended")
+TERMS = (
+    *("constant", "kv", "kv_copy", "hidden", "mlp", "scores", "mask", "logits"),
+    *("kv_expanded", "graph", "prepended", "reordered", "blocks"),
+)
 LLAMA_CPP, TRANSFORMERS = BACKEND_CODES["llama.cpp"], BACKEND_CODES["transformers"]
 BLOCKWISE = [ATTN_CODES["split"], ATTN_CODES["flash"]]  # kernels that score a block of keys at a time
 PAD = 256  # llama.cpp rounds its batch and its cells up to this (engine/backends.py)
@@ -36,9 +40,13 @@ _index = {name: i for i, name in enumerate(TERMS)}
 # llama.cpp's context holds its KV cells, its mask and the larger of its graph's two phases (a
 # batch's scores, every head, or its logits): its reported buffers are made of these
 LLAMA_CPP_TERMS = np.array([name in ("kv", "mask", "graph") for name in TERMS], dtype=float)
-# a PyTorch layer frees its attention's buffers before its MLP's (gate, up and their product) exist
-ATTENTION, MLP = [_index[n] for n in ("scores", "mask", "kv_expanded")], [_index["mlp"]]
-HELD = [_index[n] for n in ("constant", "kv", "hidden", "logits")]  # through both phases
+# a PyTorch layer frees its attention's buffers before its MLP's (gate, up and their product) exist;
+# the bundled engine's masks, built once a step for every layer (engine/attention.py: StepMasks),
+# stay through both phases, where generate's mask fits best as its attention's (held-out p95 10.5%
+# against 11.8% as held)
+ATTENTION = [_index[n] for n in ("scores", "kv_expanded", "prepended", "reordered", "blocks")]
+MLP, MASK = [_index["mlp"]], [_index["mask"]]
+HELD = [_index[n] for n in ("constant", "kv", "hidden", "logits")]
 
 
 class _Columns:
@@ -55,15 +63,14 @@ def terms(x: np.ndarray) -> np.ndarray:
     """[rows, TERMS] MiB of each buffer a prefill holds at its peak, up to a coefficient each; `x`
     [rows, FEATURES] (chunkpilot.features.build). Two chunks can hold the peak: the last full one
     and the partial one after it, which sees every key. llama.cpp sizes its buffers once, for a
-    batch of the largest chunk against every cell (both rounded up to PAD); the bundled engine
-    allocates its cache for the whole prompt and holds each other buffer at its largest; a
-    transformers cache grows by concatenation, so its peak is the one chunk and phase (attention or
-    MLP) that holds the most bytes."""
+    batch of the largest chunk against every cell (both rounded up to PAD); in PyTorch the peak is
+    the one chunk and phase (attention or MLP) that holds the most bytes, against a cache the
+    bundled engine allocates for the whole prompt and transformers grows by concatenation."""
     out, backend = np.empty((len(x), len(TERMS))), x[:, _col["backend"]]
     for rows, held in (
         (backend == LLAMA_CPP, _sized_once),
-        (backend == TRANSFORMERS, _growing),
-        (~np.isin(backend, [LLAMA_CPP, TRANSFORMERS]), _bundled),
+        (backend == TRANSFORMERS, partial(_chunked, growing=True)),
+        (~np.isin(backend, [LLAMA_CPP, TRANSFORMERS]), partial(_chunked, growing=False)),
     ):
         if rows.any():  # a request's candidates are one backend's: one of the three
             out[rows] = held(_Columns(x[rows]))
@@ -80,6 +87,12 @@ def _sized_once(col: _Columns) -> np.ndarray:
     return sized * LLAMA_CPP_TERMS
 
 
+def _chunked(col: _Columns, growing: bool) -> np.ndarray:
+    """PyTorch: the chunk and phase holding the most, against a cache allocated for the whole prompt
+    (the bundled engine) or grown by concatenation (transformers)."""
+    return _at_peak(*_two_chunks(col, growing), mask_held=not growing)
+
+
 def _two_chunks(col: _Columns, growing: bool) -> tuple[np.ndarray, np.ndarray]:
     """[rows, TERMS] at the last full chunk and at the partial one after it (zeros where none)."""
     n, c = col["context_length"], np.minimum(col["chunk_size"], col["context_length"])
@@ -90,17 +103,6 @@ def _two_chunks(col: _Columns, growing: bool) -> tuple[np.ndarray, np.ndarray]:
     return last_full, last_part
 
 
-def _bundled(col: _Columns) -> np.ndarray:
-    """The bundled engine: its cache allocated for the whole prompt, each other buffer at its
-    largest over the two chunks."""
-    return np.maximum(*_two_chunks(col, growing=False))
-
-
-def _growing(col: _Columns) -> np.ndarray:
-    """transformers: a cache grown by concatenation, the peak in one chunk and phase."""
-    return _at_peak(*_two_chunks(col, growing=True))
-
-
 def _at(col: _Columns, c: np.ndarray, keys: np.ndarray, cached: np.ndarray, first: np.ndarray) -> np.ndarray:
     """[rows, TERMS] while a chunk of `c` tokens attends to `keys` keys with `cached` positions in
     the cache (`first`: the prompt's first chunk, which needs no mask in PyTorch: causal)."""
@@ -109,52 +111,71 @@ def _at(col: _Columns, c: np.ndarray, keys: np.ndarray, cached: np.ndarray, firs
     ring = col["layout"] == LAYOUT_CODES["ring"]
     # a local layer's cells: a ring's two windows of slots (engine/kv_cache.py); a shift's window
     # and chunk, twice over in the bundled engine's buffer of two (transformers keeps a view of
-    # the window in the concatenation, which holds the whole)
+    # the window in the concatenation, which holds the whole); its keys: the window and the chunk
     shift = np.where(llama | growing, window + c, 2 * (window + c))
     kept = np.where(window > 0, np.where(ring, 2 * window, np.minimum(cached, shift)) + extra, cached)
-    seen = np.where(window > 0, np.where(ring, 2 * window, np.minimum(keys, shift)) + extra, keys)
+    seen = np.where(window > 0, np.where(ring, 2 * window, np.minimum(keys, window + c)) + extra, keys)
     cells = local * kept + (1 - local) * cached
     width = col["dtype_bytes"] / MIB
     kv = 2 * col["num_layers"] * col["num_kv_heads"] * col["head_dim"] * cells * width
     widest = np.where(local < 1, keys, seen)  # the widest layer's keys
-    pairs = np.where(llama | (window > 0) | ~first, c * widest, 0)
-    # split and flash score a block of keys at a time, and so does PyTorch's sdpa under
-    # transformers' masked (its CPU flash kernel); split needs no mask either (flash one of f16)
+    masked_first = llama | (window > 0) | ~first  # a first chunk without a window: causal in PyTorch
+    pairs = np.where(masked_first, c * widest, 0)
+    # split and flash score a block of keys at a time, and so does PyTorch's sdpa under masked (its
+    # CPU flash kernel, given a mask); split needs no mask (flash one of f16) but for a shift
+    # window's chunk of half of it or less, attended in one call with the step's mask
     attn = col["attn_impl"]
-    scored = ~np.isin(attn, BLOCKWISE) & ~(growing & (attn == ATTN_CODES["masked"]))
-    masked = attn != ATTN_CODES["split"]
+    scored = ~np.isin(attn, BLOCKWISE) & (llama | (attn != ATTN_CODES["masked"]))
+    split = attn == ATTN_CODES["split"]
+    one_call = split & (col["layout"] == LAYOUT_CODES["shift"]) & (window > 0) & shift_in_one_call(c, window)
+    # the bundled engine's masks, one per layer kind for the whole step: none for a first chunk that
+    # is plain causal (engine/attention.py: StepMasks), the window's only where split makes one
+    bundled_causal = ~llama & ~growing & first & (attn != ATTN_CODES["eager"]) & ((window == 0) | (c <= window))
+    mask_keys = np.where(one_call, seen, widest + ((local < 1) & (window > 0) & ~growing) * seen)
+    mask_pairs = np.where(masked_first & ~(split & ~one_call) & ~bundled_causal, c * mask_keys, 0)
     gqa = col["num_kv_heads"] < col["num_heads"]
+    # split's blocks of a query, each output held until merged (engine/attention.py): its tile's own
+    # keys, earlier keys, a window's anti-causal edge, the sinks and global tokens; and the merge
+    earlier = (keys > c) | ((window > 0) & (c > window))
+    blocks = 1 + earlier + ((window > 0) & earlier) + (extra > 0)
+    blocks = np.where(split & ~one_call, blocks + (blocks > 1), 0)
+    tile = np.where(window > 0, np.minimum(c, window), c)
     return np.stack(
         [
             np.ones(len(c)),
             kv,
-            kv * (1 - c / np.maximum(keys, 1)),  # a concatenating cache's old copy
+            growing * kv * (1 - c / np.maximum(keys, 1)),  # a concatenating cache's old copy
             c * col["hidden_size"] * width,
             c * col["intermediate_size"] * width,
             4 * col["num_heads"] * pairs * scored / MIB,  # a chunk's scores, every head
-            4 * pairs * masked / MIB,  # its mask, one for all heads
+            4 * mask_pairs / MIB,  # its masks, one for all heads
             4 * np.where(llama, c, 1) * col["vocab_size"] / MIB,  # PyTorch keeps the last position's only
-            # one layer's keys and values repeated to every query head (transformers' GQA: repeat_kv)
-            2 * gqa * col["num_heads"] * col["head_dim"] * widest * width,
+            # one layer's keys and values repeated to every query head (GQA: transformers' repeat_kv;
+            # split repeats only a causal block's: a tile's own keys)
+            2 * gqa * col["num_heads"] * col["head_dim"] * np.where(split & ~one_call, tile, widest) * width,
             np.zeros(len(c)),  # llama.cpp's larger phase (terms)
             # a window layer's keys and values copied once more where its sinks or global tokens are
             # put before them (engine/kv_cache.py: prepend), one layer's as it attends
             2 * (extra > 0) * col["num_kv_heads"] * col["head_dim"] * np.minimum(seen, keys + extra) * width,
+            # split's copy of a ring layer's keys and values in position order, one layer's as it attends
+            2 * (split & ring) * col["num_kv_heads"] * col["head_dim"] * np.minimum(2 * window, keys) * width,
+            4 * blocks * c * col["num_heads"] * col["head_dim"] / MIB,  # fp32, each [B, H, q, D]
         ],
         axis=1,
     )
 
 
-def _at_peak(last_full: np.ndarray, last_part: np.ndarray) -> np.ndarray:
+def _at_peak(last_full: np.ndarray, last_part: np.ndarray, mask_held: bool) -> np.ndarray:
     """Each row's terms of the chunk and phase holding the most bytes (each buffer counted once,
-    the MLP's three), the other phase's terms zeroed."""
+    the MLP's three), the other phase's terms zeroed; the mask held through both or the attention's."""
+    held_terms, in_attention = (HELD + MASK, ATTENTION) if mask_held else (HELD, ATTENTION + MASK)
     best, most = np.zeros_like(last_full), np.full(len(last_full), -1.0)
     for t in (last_full, last_part):
-        attention, mlp = t[:, ATTENTION].sum(1), 3 * t[:, MLP].sum(1)
-        held = t[:, HELD].sum(1) + np.maximum(attention, mlp)
+        attention, mlp = t[:, in_attention].sum(1), 3 * t[:, MLP].sum(1)
+        held = t[:, held_terms].sum(1) + np.maximum(attention, mlp)
         phase = t.copy()
         phase[np.ix_(attention >= mlp, MLP)] = 0
-        phase[np.ix_(attention < mlp, ATTENTION)] = 0
+        phase[np.ix_(attention < mlp, in_attention)] = 0
         best = np.where((held > most)[:, None], phase, best)
         most = np.maximum(held, most)
     return best

@@ -40,8 +40,9 @@ RECIPE_FILE = "recipe.json"
 # what a saved recipe's folder holds; 2: the per-chunk model with its per-candidate twin; 3: anchors;
 # 4: the memory model (estimator.memory), null where no row measured its peak; 5: its terms of
 # PyTorch's allocator peak (harness 9) and its per-backend fits; 6: its terms at the chunk and phase
-# holding the peak (llama.cpp's larger graph phase, a term more); 7: a window's copy behind its sinks
-FORMAT = 7
+# holding the peak (llama.cpp's larger graph phase, a term more); 7: a window's copy behind its sinks;
+# 8: split's mask of a shift chunk in one call, its blocks and a ring's reordered copy (two terms more)
+FORMAT = 8
 # the run params a registered champion must share with this ChunkPilot to serve it (the promotion gate)
 COMPATIBLE = {"features": ",".join(FEATURE_SET), "recipe_format": str(FORMAT)}
 

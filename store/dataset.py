@@ -46,8 +46,10 @@ from judge.lineup import MeasuredConfig, anchor_key
 # 2: per-chunk times (`chunk_ms`), 3: `tie_embeddings`, 4: `global_tokens`, 5: `backend` and its
 # version, 6: `compiled`, the prefill's GFLOP/s and the matmul peak beside it, 7: llama.cpp's
 # `quant`, `n_batch`, `n_ubatch`, 8: `prefill_memory_bytes` (engine.memory), 9: PyTorch's own
-# account of it (its allocator's peak, no longer the resident set); older files read
-HARNESS_VERSION = "9"
+# account of it (its allocator's peak, no longer the resident set), 10: the bundled engine's masks
+# built without a [Q, K] difference of positions (a shift window's chunk attended in one call held
+# 8 bytes a key more at its peak: its three configs in the memory spec re-measured); older files read
+HARNESS_VERSION = "10"
 # The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
 # engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
 # faster, most at small chunks: docs/performance.md), after which version 5 was the first; split

@@ -142,6 +142,22 @@ def test_windowed_memory_does_not_grow_with_context(engines, layout):
     assert full.nbytes > sizes[8 * W]  # while the full layout grows with the context
 
 
+def test_sinks_are_copies_and_a_shift_buffer_with_sinks_is_sized_once(engines):
+    """The sinks keep copies of their keys and values (a view would keep the whole first chunk's
+    alive, every layer, through the prefill); a shift buffer is sized at the first chunk before its
+    sinks are taken out, so the next full chunk does not double it."""
+    engine = engines("llama-tiny")
+    for layout in ("shift+sinks", "ring+sinks"):
+        cache = ChunkCache(engine.shape.local_layers, ATTENTION[layout])  # unsized: a buffer may grow
+        with torch.inference_mode():
+            prefill(engine.model, cache, torch.zeros(1, N, dtype=torch.long), W, "split")
+        for layer in cache.layers:
+            assert layer.sinks.keys.untyped_storage().nbytes() == layer.sinks.keys.nbytes, layout
+            assert layer.sinks.values.untyped_storage().nbytes() == layer.sinks.values.nbytes, layout
+        if layout == "shift+sinks":
+            assert {layer.buffer.keys.shape[-2] for layer in cache.layers} == {2 * (W - 1 + W)}
+
+
 def test_full_layers_write_every_key_once_into_one_buffer(engines):
     """Told the tokens to come, a full layer allocates once; every chunk and the decode step write
     into that buffer in place (the hypothesis tests cover the unsized cache, which doubles)."""

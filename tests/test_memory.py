@@ -93,6 +93,23 @@ def test_buffers_freed_before_others_exist_are_not_summed():
     assert plain[0, column["prepended"]] == 0 < sunk[0, column["prepended"]]  # the sinks' concatenation copies
 
 
+def test_split_holds_a_mask_only_where_it_attends_in_one_call_and_blocks_elsewhere():
+    """Unit test of the terms (no engine): split attends a shift window's chunk of half of it or
+    less in one call with the step's mask [chunk, window + chunk], held through the step (so in the
+    MLP's phase too); a larger chunk goes in blocks (each query's outputs held until merged) and no
+    mask; a ring is put in position order, one layer's copy as it attends, and has no mask either."""
+    column = {name: i for i, name in enumerate(TERMS)}
+    n = np.full(2, 6000.0)
+    # a narrow MLP, so that the attention's phase holds the peak
+    shift = terms(rows(n, np.array([1024.0, 1536.0]), window=2048, layout="shift", intermediate_size=64))
+    assert shift[0, column["mask"]] == pytest.approx(4 * 1024 * (2048 + 1024) / MIB)
+    assert shift[0, column["blocks"]] == 0 < shift[1, column["blocks"]] and shift[1, column["mask"]] == 0
+    ring = terms(rows(n[:1], np.array([512.0]), window=1024, layout="ring"))
+    assert ring[0, column["mask"]] == 0 < ring[0, column["reordered"]]
+    plain = terms(rows(n[:1], np.array([512.0])))  # no window: in position order already
+    assert plain[0, column["reordered"]] == 0 == plain[0, column["mask"]]
+
+
 def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
     """Unit test on synthetic peaks built from known coefficients (no engine): the fit finds them,
     predicts a config it never saw, and its margin is the floor when the held-out configs fit exactly."""
@@ -101,7 +118,7 @@ def test_the_memory_model_recovers_the_buffers_a_prefill_holds():
     c = np.minimum(rng.choice([128, 256, 512, 1024, 2048], 60), n)
     x = rows(n, c)
     # a constant, KV, activations, scores, mask
-    truth = np.array([12.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0])
+    truth = np.array([12.0, 1.0, 0.0, 3.0, 2.0, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     model = MemoryModel().fit(x, terms(x) @ truth * MIB, np.arange(60) // 3)
     unseen = rows(np.array([6000.0]), np.array([768.0]))
     assert model.predict_bytes(unseen)[0] == pytest.approx((terms(unseen) @ truth)[0] * MIB, rel=1e-3)
