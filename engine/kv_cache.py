@@ -200,8 +200,8 @@ class ShiftLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         self.globals.copy(key_states, value_states, self.get_seq_length())
-        if not self.is_initialized:  # sized for a whole chunk: sized after the sinks are taken, the
-            self.lazy_initialization(key_states, value_states)  # next full chunk would double it
+        if not self.is_initialized:  # sized for a whole chunk, sinks included: sized without them,
+            self.lazy_initialization(key_states, value_states)  # the next full chunk would double it
         key_states, value_states = self.sinks.take(key_states, value_states)
         keys, values = self.buffer.append(key_states, value_states, keep=self.window - 1)
         self.keys, self.values = keys, values

@@ -48,7 +48,8 @@ from judge.lineup import MeasuredConfig, anchor_key
 # `quant`, `n_batch`, `n_ubatch`, 8: `prefill_memory_bytes` (engine.memory), 9: PyTorch's own
 # account of it (its allocator's peak, no longer the resident set), 10: the bundled engine's masks
 # built without a [Q, K] difference of positions (a shift window's chunk attended in one call held
-# 8 bytes a key more at its peak: its three configs in the memory spec re-measured); older files read
+# 8 bytes a key more at its peak; the memory spec's three such configs, re-measured, peaked the same
+# to the byte), its sinks copied and its shift buffer sized with them; older files read
 HARNESS_VERSION = "10"
 # The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
 # engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
