@@ -17,6 +17,7 @@ budgeted choice fits about 99 times in 100 where the model was judged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -49,14 +50,29 @@ MLP, MASK = [_index["mlp"]], [_index["mask"]]
 HELD = [_index[n] for n in ("constant", "kv", "hidden", "logits")]
 
 
+# the config's columns `_at` reads: one value for all of a request's candidates
+_SHARED = (
+    *("backend", "attn_impl", "layout", "window", "local_fraction", "sinks", "global_tokens", "dtype_bytes"),
+    *("num_layers", "num_heads", "num_kv_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size"),
+)
+_SHARED_COLUMNS = [_col[name] for name in _SHARED]
+
+
 class _Columns:
-    """x's columns by feature name, each taken when asked for (a dozen of FEATURES' forty)."""
+    """x's columns by feature name, each taken when asked for (a dozen of FEATURES' forty). Where
+    every row shares its config (a request's candidates), the config's columns are numpy scalars
+    (whose comparisons, unlike Python's, `~` negates): `_at`'s arithmetic on them is then scalar,
+    not a few dozen small-array calls on a decision's hot path."""
 
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
+        config = x[:, _SHARED_COLUMNS]
+        one = len(x) > 0 and bool((config == config[:1]).all())
+        self.shared: dict[str, np.float64] = dict(zip(_SHARED, config[0], strict=True)) if one else {}
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.x[:, _col[name]]
+    def __getitem__(self, name: str) -> np.ndarray | np.float64:
+        found = self.shared.get(name)
+        return self.x[:, _col[name]] if found is None else found
 
 
 def terms(x: np.ndarray) -> np.ndarray:
@@ -66,15 +82,22 @@ def terms(x: np.ndarray) -> np.ndarray:
     batch of the largest chunk against every cell (both rounded up to PAD); in PyTorch the peak is
     the one chunk and phase (attention or MLP) that holds the most bytes, against a cache the
     bundled engine allocates for the whole prompt and transformers grows by concatenation."""
-    out, backend = np.empty((len(x), len(TERMS))), x[:, _col["backend"]]
-    for rows, held in (
-        (backend == LLAMA_CPP, _sized_once),
-        (backend == TRANSFORMERS, partial(_chunked, growing=True)),
-        (~np.isin(backend, [LLAMA_CPP, TRANSFORMERS]), partial(_chunked, growing=False)),
-    ):
-        if rows.any():  # a request's candidates are one backend's: one of the three
-            out[rows] = held(_Columns(x[rows]))
+    backend = x[:, _col["backend"]]
+    if len(x) and (backend == backend[0]).all():  # a request's candidates: one backend's
+        return _held_by(backend[0])(_Columns(x))
+    out = np.empty((len(x), len(TERMS)))
+    for code in np.unique(backend):
+        rows = backend == code
+        out[rows] = _held_by(code)(_Columns(x[rows]))
     return out
+
+
+def _held_by(backend: float) -> Callable[[_Columns], np.ndarray]:
+    """How a backend's buffers are held: llama.cpp's sized once, PyTorch's chunk by chunk against
+    a cache grown by concatenation (transformers) or allocated for the whole prompt (the bundled engine)."""
+    if backend == LLAMA_CPP:
+        return _sized_once
+    return partial(_chunked, growing=backend == TRANSFORMERS)
 
 
 def _sized_once(col: _Columns) -> np.ndarray:
@@ -168,17 +191,29 @@ def _at(col: _Columns, c: np.ndarray, keys: np.ndarray, cached: np.ndarray, firs
 def _at_peak(last_full: np.ndarray, last_part: np.ndarray, mask_held: bool) -> np.ndarray:
     """Each row's terms of the chunk and phase holding the most bytes (each buffer counted once,
     the MLP's three), the other phase's terms zeroed; the mask held through both or the attention's."""
-    held_terms, in_attention = (HELD + MASK, ATTENTION) if mask_held else (HELD, ATTENTION + MASK)
-    best, most = np.zeros_like(last_full), np.full(len(last_full), -1.0)
+    in_attention, kept = (_ATTENTION_HELD, _KEEP_HELD) if mask_held else (_ATTENTION_ALONE, _KEEP_ALONE)
+    phases, most = [], []
     for t in (last_full, last_part):
-        attention, mlp = t[:, in_attention].sum(1), 3 * t[:, MLP].sum(1)
-        held = t[:, held_terms].sum(1) + np.maximum(attention, mlp)
-        phase = t.copy()
-        phase[np.ix_(attention >= mlp, MLP)] = 0
-        phase[np.ix_(attention < mlp, in_attention)] = 0
-        best = np.where((held > most)[:, None], phase, best)
-        most = np.maximum(held, most)
-    return best
+        attention, mlp = t @ in_attention, t @ _MLP_TIMES_3
+        phases.append(t * np.where((attention >= mlp)[:, None], kept[0], kept[1]))
+        most.append(t @ kept[2] + np.maximum(attention, mlp))
+    return np.where((most[1] > most[0])[:, None], phases[1], phases[0])  # a tie: the last full chunk
+
+
+def _phase_vectors(in_attention: list[int], held: list[int]) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """(the attention's terms, (the terms kept in the attention phase, in the MLP phase, held in both))
+    as 0/1 vectors over TERMS: `_at_peak`'s sums are products with them."""
+    attention, held_vector = np.zeros(len(TERMS)), np.zeros(len(TERMS))
+    attention[in_attention], held_vector[held] = 1.0, 1.0
+    keep_attention, keep_mlp = np.ones(len(TERMS)), np.ones(len(TERMS))
+    keep_attention[MLP], keep_mlp[in_attention] = 0.0, 0.0
+    return attention, (keep_attention, keep_mlp, held_vector)
+
+
+_MLP_TIMES_3 = np.zeros(len(TERMS))
+_MLP_TIMES_3[MLP] = 3.0
+_ATTENTION_HELD, _KEEP_HELD = _phase_vectors(ATTENTION, HELD + MASK)
+_ATTENTION_ALONE, _KEEP_ALONE = _phase_vectors(ATTENTION + MASK, HELD)
 
 
 def _kind(x: np.ndarray) -> list[str]:

@@ -18,8 +18,9 @@ from engine.engine import Engine
 from engine.hardware import matmul_peak
 from engine.measure import interleaved, spread
 from engine.policy import FixedPolicy
-from store.dataset import HARNESS_VERSION
+from store.dataset import CONTENDED_CORES, HARNESS_VERSION
 
+from .contention import ForeignLoad
 from .spec import ProfileConfig, Spec
 
 
@@ -55,8 +56,9 @@ def measure_config(
     pool: EnginePool, config: ProfileConfig, spec: Spec, hardware: dict, deadline: float | None = None
 ) -> pd.DataFrame:
     """The config's rows: `spec.warmup` + `spec.repeats` interleaved passes over its chunk sizes, and
-    up to `spec.max_remeasure` more sets of passes while it is noisy, none that would end after
-    `deadline` (time.time()): a budgeted sweep keeps a noisy config marked noisy instead of overrunning."""
+    up to `spec.max_remeasure` more sets of passes while it is noisy (added) or timed beside other
+    work (replacing those passes), none that would end after `deadline` (time.time()): a budgeted
+    sweep keeps a noisy config marked noisy instead of overrunning."""
     engine = pool.get(config)
     chunks, _ = config.candidates(spec.chunk_sizes)
     n, attention, workload = config.context_length, config.attention, config.workload
@@ -64,17 +66,28 @@ def measure_config(
     started = datetime.now(UTC)
     steps = {c: lambda c=c: engine.run(workload, FixedPolicy(c)) for c in chunks}
     t0 = time.time()
-    runs = interleaved(steps, spec.repeats, spec.warmup)
+    with ForeignLoad() as load:
+        runs = interleaved(steps, spec.repeats, spec.warmup)
+    foreign = load.cores
     per_pass = (time.time() - t0) / (spec.warmup + spec.repeats)
     remeasured = 0
-    while (cv := statistics.median(spread([r.ttft_ms for r in runs[c]])[1] for c in chunks)) > spec.cv_threshold:
+    while True:
+        cv = statistics.median(spread([r.ttft_ms for r in runs[c]])[1] for c in chunks)
+        beside_other_work = (foreign or 0.0) > CONTENDED_CORES
+        if cv <= spec.cv_threshold and not beside_other_work:
+            break
         if remeasured == spec.max_remeasure or (
             deadline is not None and time.time() + spec.repeats * per_pass > deadline
         ):
             break
-        remeasured += 1  # noisy: more passes, continuing the rotation
-        more = interleaved(steps, spec.repeats, warmup=0, start=spec.warmup + remeasured * spec.repeats)
-        runs = {c: runs[c] + more[c] for c in chunks}
+        remeasured += 1  # more passes, continuing the rotation
+        with ForeignLoad() as load:
+            more = interleaved(steps, spec.repeats, warmup=0, start=spec.warmup + remeasured * spec.repeats)
+        if beside_other_work:  # those passes read slow: these replace them
+            runs, foreign = more, load.cores
+        else:  # noisy: these add to them
+            runs = {c: runs[c] + more[c] for c in chunks}
+            foreign = None if foreign is None or load.cores is None else max(foreign, load.cores)
     finished = datetime.now(UTC)
     memory = {c: engine.prefill_memory(workload, FixedPolicy(c)) for c in chunks}  # untimed, after the clock
 
@@ -93,6 +106,7 @@ def measure_config(
         "backend_version": engine.backend_version,
         "noisy": cv > spec.cv_threshold,
         "remeasured": remeasured,
+        "foreign_cores": foreign,
         "started_at": started,
         "finished_at": finished,
         "harness_version": HARNESS_VERSION,

@@ -15,7 +15,7 @@ import pandas as pd
 
 from chunkpilot.clock import clock
 from chunkpilot.contract import ConfigError
-from store.dataset import LISTS, finished_keys, write_config
+from store.dataset import LISTS, contended, finished_keys, write_config
 from store.fleet import HARDWARE_TAG, PROFILING_EXPERIMENT, SPEC_TAG, Publisher
 
 from .plan import TimeModel, config_cost, known_shape, space_filling_order
@@ -129,7 +129,12 @@ def run_profile(
                     f"[{i + 1:>4}/{len(plan)} {100 * (i + 1) / len(plan):3.0f}%] {clock(elapsed)} elapsed, "
                     f"ETA {clock(remaining)} | {describe(config)}: best {best.chunk_size} of {len(rows)} "
                     f"({best.ttft_ms:.1f} ms, cv {statistics.median(rows.ttft_cv):.0%})"
-                    + (" NOISY" if rows.noisy.iloc[0] else ""),
+                    + (" NOISY" if rows.noisy.iloc[0] else "")
+                    + (
+                        f" BESIDE OTHER WORK ({rows.foreign_cores.iloc[0]:.2f} cores): left out of training"
+                        if contended(rows).iloc[0]
+                        else ""
+                    ),
                     file=sys.stderr,
                     flush=True,
                 )

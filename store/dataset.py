@@ -49,8 +49,12 @@ from judge.lineup import MeasuredConfig, anchor_key
 # account of it (its allocator's peak, no longer the resident set), 10: the bundled engine's masks
 # built without a [Q, K] difference of positions (a shift window's chunk attended in one call held
 # 8 bytes a key more at its peak; the memory spec's three such configs, re-measured, peaked the same
-# to the byte), its sinks copied and its shift buffer sized with them; older files read
-HARNESS_VERSION = "10"
+# to the byte), its sinks copied and its shift buffer sized with them, 11: `foreign_cores`, the
+# other work on the machine while a config was timed (profiler.contention); older files read
+HARNESS_VERSION = "11"
+# A row timed while other work kept more than this many cores busy on average reads slow (a test
+# suite beside the profiler: 1.1-1.9x at 128 tokens on one EPYC); training leaves it out
+CONTENDED_CORES = 0.25
 # The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
 # engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
 # faster, most at small chunks: docs/performance.md), after which version 5 was the first; split
@@ -101,6 +105,8 @@ SCHEMA = pa.schema(
         # best matmul GFLOP/s the measuring process reached (engine.hardware.matmul_peak)
         ("prefill_gflops", _float), ("matmul_peak_gflops", _float),
         ("noisy", _bool), ("remeasured", _int),
+        # cores other processes kept busy while the config was timed (profiler.contention; null: not measured)
+        ("foreign_cores", _float),
         ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC")),
         ("harness_version", _str),
         # telemetry only (the engine's own prefills): where the choice came from
@@ -114,6 +120,7 @@ LISTS = [f.name for f in SCHEMA if pa.types.is_list(f.type)]  # MLflow dataset s
 OPTIONAL = {
     **dict.fromkeys(("chunk_ms", "tie_embeddings", "backend_version", "decision_source", "model_version", "explored")),
     **dict.fromkeys(("compiled", "prefill_gflops", "matmul_peak_gflops", "quant", "n_batch", "n_ubatch")),
+    "foreign_cores": None,
     "prefill_memory_bytes": 0,  # 0: not measured (older files, telemetry)
     "global_tokens": 0,
     "backend": "chunkpilot",
@@ -127,10 +134,11 @@ _DATASET_ONLY = {
     "parameters": (1, False), "num_chunks": (1, False), "last_chunk": (1, False), "memory_bytes": (0, False),
     "ttft_iqr_ms": (0, False), "ttft_cv": (0, False), "repeats": (1, False), "kv_cache_bytes": (0, False),
     "peak_memory_bytes": (0, False), "prefill_memory_bytes": (0, False), "remeasured": (0, False),
-    "prefill_gflops": (0, True), "matmul_peak_gflops": (0, True),
+    "prefill_gflops": (0, True), "matmul_peak_gflops": (0, True), "foreign_cores": (0, False),
 }
 # fmt: on
-_NULLABLE = ("prefill_gflops", "matmul_peak_gflops")  # rows of older files and telemetry have none
+# rows of older files and telemetry have none
+_NULLABLE = ("prefill_gflops", "matmul_peak_gflops", "foreign_cores")
 
 
 def _bounds() -> dict[str, tuple[float, bool, float | None]]:
@@ -307,6 +315,7 @@ def outcome_rows(outcomes: list[Outcome]) -> pd.DataFrame:
                 "prefill_memory_bytes": 0,
                 "noisy": False,
                 "remeasured": 0,
+                "foreign_cores": None,
                 "started_at": o.finished_at,
                 "finished_at": o.finished_at,
                 "harness_version": HARNESS_VERSION,
@@ -406,6 +415,14 @@ def measured_by_today(rows: pd.DataFrame) -> pd.Series:
     return pd.Series(versions >= since, index=rows.index) | (rows.spec_name == "telemetry")
 
 
+def contended(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row was timed while other work kept more than CONTENDED_CORES busy (unknown for
+    older rows and telemetry: not contended)."""
+    if "foreign_cores" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows.foreign_cores.fillna(0) > CONTENDED_CORES
+
+
 def memory_measured(rows: pd.DataFrame) -> pd.Series:
     """Whether each row's `prefill_memory_bytes` was measured, by today's method of its backend
     (MEMORY_SINCE): what a memory model fits on."""
@@ -439,10 +456,10 @@ def latest(rows: pd.DataFrame) -> pd.DataFrame:
 
 def anchor_configs(rows: pd.DataFrame) -> dict[str, list[MeasuredConfig]]:
     """Each machine's sweep per backend and kernel (judge.lineup.anchor_key): its profiled configs
-    measured by today's code, each size's latest. What its best single size and its anchor are
-    chosen from, by training and by the race alike. The engine's telemetry is not a sweep: it
-    measured the sizes `auto` chose."""
-    swept = latest(rows[measured_by_today(rows) & (rows.spec_name != "telemetry")])
+    measured by today's code on a quiet machine, each size's latest. What its best single size and
+    its anchor are chosen from, by training and by the race alike. The engine's telemetry is not a
+    sweep: it measured the sizes `auto` chose."""
+    swept = latest(rows[measured_by_today(rows) & ~contended(rows) & (rows.spec_name != "telemetry")])
     firsts = swept.drop_duplicates(["config_key", "hardware_id"]).set_index(["config_key", "hardware_id"])
     out: dict[str, list[MeasuredConfig]] = {}
     for (config, hardware), measured in measured_configs(swept).items():

@@ -430,3 +430,59 @@ def test_the_summary_scores_fixed_1024_and_the_rule_as_training_does_on_the_same
         regret = (scored.ttft_chosen / scored.ttft_best - 1).to_numpy()
         assert summary.loc[keys[scored.group].to_numpy(), column].to_numpy() == pytest.approx(regret)
     assert summary.regret_rule.notna().all() and len(summary) == len(keys)
+
+
+def test_foreign_load_counts_other_processes_and_not_this_process_s_children():
+    """A process outside this one's tree spinning beside the block is other work, in cores; a child
+    of this process spinning is this process's own (its ticks are counted as ours, live or reaped)."""
+    from profiler.contention import _TICK_S, ForeignLoad, _own_ticks
+
+    loop = "import time; t = time.time(); [0 for _ in iter(lambda: time.time() - t < 1.5, False)]"
+    spin = f"{sys.executable} -c '{loop}'"
+    subprocess.run(["sh", "-c", f"{spin} >/dev/null 2>&1 &"], check=True)  # its shell exits: not our child
+    with ForeignLoad() as load:
+        time.sleep(1.0)
+    assert load.cores is not None and load.cores > 0.3
+    before = _own_ticks()
+    subprocess.run(["sh", "-c", spin], check=True)  # our child: 1.5 s of spinning
+    assert (_own_ticks() - before) * _TICK_S > 0.3
+
+
+def test_a_config_timed_beside_other_work_is_measured_again_and_training_leaves_it_out(monkeypatch, tmp_path, capsys):
+    """The other work is faked here (unit test): the first passes ran beside 1.5 cores of it, the next
+    on a quiet machine; those replace the first and the rows carry the quiet figure. A config still
+    beside it when no remeasure is left keeps its figure, and training (and the machine's best single
+    size) leaves its rows out, saying so."""
+    import profiler.measure_config as measuring
+    from store.dataset import anchor_configs, contended
+    from training.data import load_table
+
+    loads = iter([1.5, 0.02])
+
+    class Scripted:
+        def __enter__(self):
+            self.cores = None
+            return self
+
+        def __exit__(self, *exc):
+            self.cores = next(loads)
+
+    monkeypatch.setattr(measuring, "ForeignLoad", Scripted)
+    spec = Spec.from_dict({**TINY, "cv_threshold": 9.0, "max_remeasure": 1})  # never noisy
+    config = spec.configs[0]
+    pool, hardware = measuring.EnginePool("cpu"), {"hardware_id": "test", "device": "cpu"}
+    quiet = measuring.measure_config(pool, config, spec, hardware)
+    assert quiet.remeasured.iloc[0] == 1 and (quiet.foreign_cores == 0.02).all() and not contended(quiet).any()
+    assert (quiet.repeats == spec.repeats).all()  # the passes beside other work were dropped, not added to
+    loads = iter([1.5, 1.2])
+    busy = measuring.measure_config(pool, config, spec, hardware)
+    assert busy.remeasured.iloc[0] == 1 and (busy.foreign_cores == 1.2).all() and contended(busy).all()
+
+    for key, n in (("a", 2048), ("b", 3000), ("c", 4096)):
+        rows = fixture_rows(key, n, {512: 100.0, 1024: 90.0}).assign(foreign_cores=1.2 if key == "c" else 0.01)
+        write_config(tmp_path, key, rows)
+    table = load_table(tmp_path, older_engines=True)
+    assert set(table.rows.config_key) == {"a", "b"}
+    assert "left out 2 rows timed beside other work (2 on abc)" in capsys.readouterr().err
+    every = read_dataset(tmp_path)
+    assert sum(len(configs) for configs in anchor_configs(every.assign(harness_version=HARNESS_VERSION)).values()) == 2

@@ -19,6 +19,7 @@ from judge.lineup import MeasuredConfig, anchor_key
 from store.dataset import (
     DataError,
     anchor_configs,
+    contended,
     latest,
     measured_by_today,
     measured_configs,
@@ -131,7 +132,8 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
 def load_table(path: Path, older_engines: bool = False) -> Table:
     """Read and check the dataset (exit-2 errors name what is wrong), then build the features. Rows
     measured by code of their kernel that no longer runs (store.dataset.KERNEL_SINCE) are left
-    out, saying how many, unless `older_engines`."""
+    out, saying how many, unless `older_engines`; so are rows timed beside other work
+    (store.dataset.contended), always."""
     if not Path(path).exists():
         raise DataError("data", f"{path} does not exist")
     rows, refused = trusted_telemetry(read_dataset(Path(path)))
@@ -143,6 +145,11 @@ def load_table(path: Path, older_engines: bool = False) -> Table:
         said = ", ".join(f"{n} {k} of {b} on {h}" for (h, b, k), n in older.items())
         print(f"left out {len(rows) - today.sum()} rows measured by an older engine ({said})", file=sys.stderr)
         rows = rows[today]
+    busy = contended(rows)
+    if busy.any():
+        said = ", ".join(f"{n} on {h}" for h, n in rows[busy].groupby("hardware_id").size().items())
+        print(f"left out {busy.sum()} rows timed beside other work ({said})", file=sys.stderr)
+        rows = rows[~busy]
     rows = merge_telemetry(rows)
     configs = rows.config_key.nunique()
     if configs < 2:
