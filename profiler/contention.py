@@ -1,10 +1,9 @@
 """Other work on the machine while a config is timed: the CPU time that every process but this one
 and its children used (and, on a virtual machine, the time the host stole), in cores, from Linux's
 /proc. A config timed beside a test suite or another job reads slow, and more at small chunks (more
-calls, each waiting for a core): the memory spec's rows of one EPYC, timed beside other work, read
-1.1-1.9x today's TTFT, the most at 128 tokens. The profiler re-measures such a config and records
-the figure in every row (`foreign_cores`); training leaves out the rows above the dataset's limit
-(store.dataset.contended)."""
+calls, each waiting for a core). The profiler re-measures such a config and records the figure in
+every row (`foreign_cores`); training leaves out the rows above the dataset's limit
+(store.dataset.contended_limit)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,9 @@ from pathlib import Path
 
 PROC = Path("/proc")
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+# the counters are whole ticks, each process's rounded down and the machine's sampled: a few ticks of
+# other work are rounding, not work (a short config's 100 ms would read 0.3 cores from three)
+ROUNDING_TICKS = 4
 
 
 def _machine_ticks() -> int | None:
@@ -21,9 +23,9 @@ def _machine_ticks() -> int | None:
     are not), None without /proc."""
     try:
         fields = (PROC / "stat").read_text().split("\n", 1)[0].split()
-    except OSError:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
+    except (OSError, ValueError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[1:9])
     return user + nice + system + irq + softirq + steal  # guest time is already in user
 
 
@@ -36,20 +38,16 @@ def _own_ticks() -> int:
             continue
         try:
             stat = (entry / "stat").read_text()
-        except OSError:  # gone since the listing
+            after = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces: fields after it
+            parents[int(entry.name)] = int(after[1])
+            ticks[int(entry.name)] = sum(int(v) for v in after[11:15])  # utime, stime, cutime, cstime
+        except (OSError, ValueError, IndexError):  # gone since the listing
             continue
-        after = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces: fields after it
-        pid = int(entry.name)
-        parents[pid] = int(after[1])
-        ticks[pid] = sum(int(v) for v in after[11:15])  # utime, stime, cutime, cstime
-    mine, total = {os.getpid()}, 0
-    grown = True
+    mine, grown = {os.getpid()}, True
     while grown:  # descendants, generation by generation
         more = {pid for pid, parent in parents.items() if parent in mine} - mine
         grown, mine = bool(more), mine | more
-    for pid in mine:
-        total += ticks.get(pid, 0)
-    return total
+    return sum(ticks.get(pid, 0) for pid in mine)
 
 
 class ForeignLoad:
@@ -58,12 +56,14 @@ class ForeignLoad:
 
     def __enter__(self) -> ForeignLoad:
         self.cores: float | None = None
-        self._machine, self._own, self._t0 = _machine_ticks(), _own_ticks(), time.monotonic()
+        self._machine = _machine_ticks()
+        self._own = 0 if self._machine is None else _own_ticks()
+        self._t0 = time.monotonic()
         return self
 
     def __exit__(self, *exc: object) -> None:
         machine, elapsed = _machine_ticks(), time.monotonic() - self._t0
         if machine is None or self._machine is None or elapsed <= 0:
             return
-        foreign = (machine - self._machine) - (_own_ticks() - self._own)
-        self.cores = max(0.0, foreign * _TICK_S / elapsed)
+        foreign = (machine - self._machine) - (_own_ticks() - self._own) - ROUNDING_TICKS
+        self.cores = max(0, foreign) * _TICK_S / elapsed

@@ -18,7 +18,7 @@ from engine.engine import Engine
 from engine.hardware import matmul_peak
 from engine.measure import interleaved, spread
 from engine.policy import FixedPolicy
-from store.dataset import CONTENDED_CORES, HARNESS_VERSION
+from store.dataset import HARNESS_VERSION, contended_limit
 
 from .contention import ForeignLoad
 from .spec import ProfileConfig, Spec
@@ -70,10 +70,10 @@ def measure_config(
         runs = interleaved(steps, spec.repeats, spec.warmup)
     foreign = load.cores
     per_pass = (time.time() - t0) / (spec.warmup + spec.repeats)
-    remeasured = 0
+    remeasured, limit = 0, contended_limit()
     while True:
         cv = statistics.median(spread([r.ttft_ms for r in runs[c]])[1] for c in chunks)
-        beside_other_work = (foreign or 0.0) > CONTENDED_CORES
+        beside_other_work = (foreign or 0.0) > limit
         if cv <= spec.cv_threshold and not beside_other_work:
             break
         if remeasured == spec.max_remeasure or (

@@ -38,6 +38,7 @@ from chunkpilot.contract import (
     Hardware,
     ModelShape,
     Outcome,
+    number,
     window_column,
 )
 from chunkpilot.paths import TELEMETRY_PREFIX, inside
@@ -52,9 +53,10 @@ from judge.lineup import MeasuredConfig, anchor_key
 # to the byte), its sinks copied and its shift buffer sized with them, 11: `foreign_cores`, the
 # other work on the machine while a config was timed (profiler.contention); older files read
 HARNESS_VERSION = "11"
-# A row timed while other work kept more than this many cores busy on average reads slow (a test
-# suite beside the profiler: 1.1-1.9x at 128 tokens on one EPYC); training leaves it out
+# A row timed while other work kept more than this many cores busy on average reads slow: the
+# profiler measures it again, and training leaves it out (CHUNKPILOT_CONTENDED_CORES overrides it)
 CONTENDED_CORES = 0.25
+CONTENDED_ENV = "CHUNKPILOT_CONTENDED_CORES"
 # The first harness version whose rows today's code of each (backend, kernel) measured: the bundled
 # engine's masked and eager kernels changed in bdd8756 (transformers' concatenating cache, 0-23%
 # faster, most at small chunks: docs/performance.md), after which version 5 was the first; split
@@ -415,12 +417,18 @@ def measured_by_today(rows: pd.DataFrame) -> pd.Series:
     return pd.Series(versions >= since, index=rows.index) | (rows.spec_name == "telemetry")
 
 
+def contended_limit() -> float:
+    """The cores of other work above which a config's timing is not trusted (CONTENDED_CORES, or
+    the environment's CHUNKPILOT_CONTENDED_CORES)."""
+    return number(CONTENDED_ENV, os.environ.get(CONTENDED_ENV, CONTENDED_CORES), float, ge=0)
+
+
 def contended(rows: pd.DataFrame) -> pd.Series:
-    """Whether each row was timed while other work kept more than CONTENDED_CORES busy (unknown for
-    older rows and telemetry: not contended)."""
+    """Whether each row was timed while other work kept more than `contended_limit()` cores busy
+    (unknown for older rows and telemetry: not contended)."""
     if "foreign_cores" not in rows:
         return pd.Series(False, index=rows.index)
-    return rows.foreign_cores.fillna(0) > CONTENDED_CORES
+    return pd.to_numeric(rows.foreign_cores, errors="coerce").fillna(0) > contended_limit()
 
 
 def memory_measured(rows: pd.DataFrame) -> pd.Series:

@@ -1,3 +1,4 @@
+import atexit
 import functools
 import logging
 import os
@@ -9,13 +10,24 @@ import pytest
 from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _scratch(variable: str, prefix: str, name: str = "") -> None:
+    """`variable` names a folder (or `name` in it) of the test session's own, made by the process
+    that found it unset (pytest's, before its workers, which inherit it) and removed when it exits."""
+    if variable not in os.environ:
+        folder = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ[variable] = str(Path(folder) / name) if name else folder
+
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the engine's per-user cache (measured hardware descriptors): the tests' own, never the user's
-os.environ.setdefault("CHUNKPILOT_CACHE_DIR", tempfile.mkdtemp(prefix="chunkpilot-cache-"))
+_scratch("CHUNKPILOT_CACHE_DIR", "chunkpilot-cache-")
 # the telemetry of the tests' prefills: never into the repository's data/
-os.environ.setdefault("CHUNKPILOT_TELEMETRY_DIR", tempfile.mkdtemp(prefix="chunkpilot-telemetry-"))
+_scratch("CHUNKPILOT_TELEMETRY_DIR", "chunkpilot-telemetry-")
 # the run records of the tests' trainings and races: never into the repository's results/
-os.environ.setdefault("CHUNKPILOT_RESULTS", str(Path(tempfile.mkdtemp(prefix="chunkpilot-results-")) / "runs.jsonl"))
+_scratch("CHUNKPILOT_RESULTS", "chunkpilot-results-", "runs.jsonl")
 # answers are the model's own picks unless a test turns exploring on (tests/test_telemetry.py)
 os.environ.setdefault("CHUNKPILOT_EXPLORE_BUDGET", "0")
 # a service's answers before its decision table is built are the recipe's own, whatever a decision
@@ -26,6 +38,9 @@ os.environ.setdefault("CHUNKPILOT_DECISION_BUDGET", "1")
 os.environ.setdefault("CHUNKPILOT_DECISION_TABLE", "0")
 # nor are forests compiled behind them (seconds of a core per model; tests/test_forest.py compiles)
 os.environ.setdefault("CHUNKPILOT_COMPILED_FORESTS", "0")
+# the tests' profiles are fixtures timed beside the other worker, not measurements: none is left out
+# for it (tests/test_profiler.py sets the limit where it checks it)
+os.environ.setdefault("CHUNKPILOT_CONTENDED_CORES", "1000")
 
 
 @pytest.fixture(scope="session")
@@ -124,9 +139,14 @@ QUICK_ARGS = ("--compare", "quick", "--n-estimators", str(QUICK_TREES))  # quick
 @functools.cache
 def _empty_store() -> bytes:
     """An empty MLflow SQLite store, built by MLflow once a session (its migrations take 2 s a store)."""
+    with tempfile.TemporaryDirectory(prefix="chunkpilot-store-") as folder:
+        return _migrated(Path(folder) / "mlflow.db")
+
+
+def _migrated(path: Path) -> bytes:
+    """The bytes of a new MLflow SQLite store at `path`, its tables made by MLflow."""
     from mlflow import MlflowClient
 
-    path = Path(tempfile.mkdtemp(prefix="chunkpilot-store-")) / "mlflow.db"
     migrations = logging.getLogger("mlflow.store.db.utils")  # says so at INFO: not the calling test's output
     level = migrations.level
     migrations.setLevel(logging.WARNING)

@@ -150,6 +150,8 @@ def load_table(path: Path, older_engines: bool = False) -> Table:
         said = ", ".join(f"{n} on {h}" for h, n in rows[busy].groupby("hardware_id").size().items())
         print(f"left out {busy.sum()} rows timed beside other work ({said})", file=sys.stderr)
         rows = rows[~busy]
+        if rows.empty:
+            raise DataError("data", f"every row of {path} was timed beside other work: measure on a quiet machine")
     rows = merge_telemetry(rows)
     configs = rows.config_key.nunique()
     if configs < 2:
