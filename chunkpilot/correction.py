@@ -51,6 +51,9 @@ KIND = ["has_window", "layout", *SHAPE_COLUMNS, *RUNTIME]
 _KIND = [FEATURES.index(name) for name in KIND]
 
 
+_SHAPE = slice(KIND.index(SHAPE_COLUMNS[0]), KIND.index(SHAPE_COLUMNS[-1]) + 1)  # a kind's shape
+
+
 def kinds(config: np.ndarray) -> list[tuple[float, ...]]:
     """Each row's kind of request (rounded so that one descriptor measured twice is one kind)."""
     return [tuple(row) for row in np.round(config[:, _KIND], 4).tolist()]
@@ -91,6 +94,10 @@ class Correction:
     @property
     def prefills(self) -> int:
         return self.learnt.prefills
+
+    def learnt_shape(self, shape: tuple[float, ...]) -> bool:
+        """Whether a prefill of a model of this shape (its SHAPE_COLUMNS) taught it."""
+        return any(kind[_SHAPE] == shape for kind in self.learnt.level)
 
     def learn(self, config: np.ndarray, q: np.ndarray, residual: np.ndarray) -> None:
         """One prefill: its chunks' config rows [chunks, FEATURES], query tokens and log residuals

@@ -216,8 +216,8 @@ def compare_with_service(
     until the savings are settled, `deadline` passes or `max_rounds` do. The service's forests are
     ready first (compiled once per machine and model, minutes of one core that would slow every
     policy's prefills unevenly); nothing else is built before the first decisions: auto's cold cost
-    is what a service that never saw these kinds answers, plus the decision tables those answers set
-    building on these cores."""
+    is what a service that never saw these kinds answers (their cells built in those requests), plus
+    the table builds those answers left to the background on these cores."""
     import httpx
 
     from auto.client import ask, make_auto

@@ -162,7 +162,6 @@ def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> li
     depend on its batch)."""
     hw = resolve_hardware(recipe.hardware, request.hardware, request.dtype, request.threads)
     anchor = recipe.anchor(request.hardware.hardware_id, request.backend, request.attn_impl)
-    known = recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl)
     budget, memory = request.memory_budget_mb, recipe.memory
     if budget is not None and memory is None:
         raise Infeasible(
@@ -188,6 +187,7 @@ def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> li
         }
     )
     members = recipe.members(x)  # [K, rows]
+    known = recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl, x)
     peak_mb = None if memory is None else memory.predict_bytes(x) / MIB  # [rows]
     margin = None if memory is None else float(memory.margin_of(x[:1])[0])  # one request, one kind: one margin
     starts = np.cumsum([0, *counts]).tolist()

@@ -8,8 +8,9 @@ deviations of the members' disagreement about that saving, widened by the noise 
 correction brings into the two sizes' predictions (chunkpilot.correction). The anchor is the strongest simple
 baseline of the request's machine, backend and kernel on the training rows (judge.lineup:
 one shot, the backend's default, the machine's best single size, the rules, fixed 1024), fitted
-with the cost model and saved with it: where the model cannot know better, it makes the strongest
-baseline's choice, never a weaker one's.
+with the cost model and saved with it: where the model cannot know better (a machine, backend or
+model shape it never saw: `Recipe.knows`), it makes the strongest baseline's choice, never a
+weaker one's.
 
 DEFAULT names the recipe `chunkpilot train` registers; the training table shows why (docs/training.md).
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkpilot import chunk_features
-from chunkpilot.contract import ChunkRequest, Decision
+from chunkpilot.contract import SHAPE_COLUMNS, ChunkRequest, Decision
 from chunkpilot.correction import Correction
 from chunkpilot.features import FEATURES
 from estimator.cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
@@ -41,10 +42,20 @@ RECIPE_FILE = "recipe.json"
 # 4: the memory model (estimator.memory), null where no row measured its peak; 5: its terms of
 # PyTorch's allocator peak (harness 9) and its per-backend fits; 6: its terms at the chunk and phase
 # holding the peak (llama.cpp's larger graph phase, a term more); 7: a window's copy behind its sinks;
-# 8: split's mask of a shift chunk in one call, its blocks and a ring's reordered copy (two terms more)
-FORMAT = 8
+# 8: split's mask of a shift chunk in one call, its blocks and a ring's reordered copy (two terms more);
+# 9: the model shapes it was trained on
+FORMAT = 9
 # the run params a registered champion must share with this ChunkPilot to serve it (the promotion gate)
 COMPATIBLE = {"features": ",".join(FEATURE_SET), "recipe_format": str(FORMAT)}
+
+
+_SHAPE = [FEATURES.index(name) for name in SHAPE_COLUMNS]
+Shape = tuple[float, ...]  # a model's SHAPE_COLUMNS, as its feature rows hold them
+
+
+def shapes_of(x: np.ndarray) -> set[Shape]:
+    """The model shapes of feature rows `x` [rows, FEATURES]."""
+    return {tuple(row) for row in x[:, _SHAPE].tolist()}
 
 
 # do-no-harm's z and margin, chosen from a grid of z 0 to 3 and margins of 3% to 10% on the held-out
@@ -119,6 +130,7 @@ class Recipe:
     correction: Correction | None = None  # this machine's, learnt from its prefills (per-chunk only)
     anchors: dict[str, Baseline] = field(default_factory=dict)  # judge.lineup.anchor_key -> its anchor
     memory: MemoryModel | None = None  # each candidate's peak memory (None: no row measured it)
+    shapes: set[Shape] = field(default_factory=set)  # the model shapes of its training rows
     # the machines it was trained on: hardware_id -> {"static": {...}, "descriptors": {"dtype/threads":
     # {...}}}, resolving a request's hardware_id to their own measured descriptors (saved beside the
     # recipe by the registry, store.registry.HARDWARE_FILE; none: each request's own descriptors)
@@ -141,6 +153,7 @@ class Recipe:
         self.hardware = hardware or {}
         self.cost.fit(data)
         self.anchors = fit_anchors(configs)
+        self.shapes = shapes_of(data.x)
         measured = None if data.memory_bytes is None else data.memory_bytes > 0
         if measured is not None and len(np.unique(data.configs[measured])) >= 2:
             self.memory = MemoryModel().fit(data.x[measured], data.memory_bytes[measured], data.configs[measured])
@@ -169,13 +182,16 @@ class Recipe:
         """The anchor of a request on this machine, backend and kernel (judge.lineup.anchor_for)."""
         return anchor_for(self.anchors, hardware_id, backend, attn_impl)
 
-    def knows(self, hardware_id: str | None, backend: str, attn_impl: str) -> bool:
-        """Whether the cost model has seen this machine run this backend and kernel: in its training
-        rows, or (the service's machine) in the prefills its correction learnt from. Where it has
-        not, its predictions are a guess (held out by machine or backend, the training table shows
-        them worse than the strongest simple baseline), and the anchor decides."""
+    def knows(self, hardware_id: str | None, backend: str, attn_impl: str, x: np.ndarray) -> bool:
+        """Whether the cost model has seen this machine run this backend and kernel, and this model
+        shape (`x` [rows, FEATURES], the request's): in its training rows, or (the service's machine)
+        in the prefills its correction learnt from. Where it has not, its predictions are a guess
+        (held out by machine, backend, model shape or architecture, the training table shows them
+        worse than the strongest simple baseline), and the anchor decides."""
+        learnt = self.correction is not None and self.correction.prefills > 0
         seen = hardware_id is not None and anchor_key(hardware_id, backend, attn_impl) in self.anchors
-        return seen or (self.correction is not None and self.correction.prefills > 0)
+        shape = tuple(x[0, _SHAPE].tolist())
+        return (seen or learnt) and (shape in self.shapes or (learnt and self.correction.learnt_shape(shape)))
 
     def _adjust(self) -> Adjust | None:
         return None if self.correction is None or not self.correction.prefills else self.correction.offsets
@@ -223,6 +239,7 @@ class Recipe:
             "features": FEATURE_SET,
             "anchors": {key: list(anchor) for key, anchor in self.anchors.items()},
             "memory": None if self.memory is None else self.memory.save(),
+            "shapes": sorted(self.shapes),
         }
         (folder / RECIPE_FILE).write_text(json.dumps(saved, indent=1, sort_keys=True))
         return folder
@@ -247,7 +264,8 @@ def load_recipe(folder: Path) -> Recipe:
     anchors = {key: Baseline(*anchor) for key, anchor in saved["anchors"].items()}
     memory = None if saved["memory"] is None else MemoryModel.load(saved["memory"])
     cost = load_cost_model(Path(folder), saved["cost"])
-    return Recipe(saved["name"], cost, Chooser(**saved["chooser"]), None, anchors, memory)
+    shapes = {tuple(shape) for shape in saved["shapes"]}
+    return Recipe(saved["name"], cost, Chooser(**saved["chooser"]), None, anchors, memory, shapes)
 
 
 # the recipes training judges side by side; DEFAULT is the one registered (see the table in docs/training.md)

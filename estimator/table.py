@@ -9,10 +9,11 @@ end's scaled by n / end (the lengths of a cell are within 1.1% of each other, a 
 held-out TTFT error) and every candidate's predicted peak memory interpolated between its
 ends. The table is the recipe's (estimator.recipe.Recipe.table): training's cross-validation asks
 `Recipe.decide` as the service does, its cells built at once instead of in the background: what is
-judged is what is served. A cell is built by one background thread when a length in it is
-first asked (a few batched calls of the cost model: milliseconds, so that the first request of a
-kind sets going no more than its own cell on the cores the engine runs on), and a kind's built
-cells are rebuilt when the correction has learnt, the old answers serving meanwhile.
+judged is what is served. A cell is built when a length in it is first asked (a few batched calls
+of the cost model: milliseconds): in that very request where the service can afford it
+(predictor.model.Predictor.answer: `build_now`), else by one background thread; a kind's built
+cells are rebuilt in the background when the correction has learnt, the old answers serving
+meanwhile.
 """
 
 from __future__ import annotations
@@ -136,7 +137,9 @@ class DecisionTable:
         self.closed = False
         self.builder: threading.Thread | None = None
         self.built_s: deque[float] = deque(maxlen=256)  # seconds per build, the latest (the benchmark reads them)
-        self.build_s_total = 0.0  # every build's seconds: what the tables have cost this process's cores
+        # every background build's seconds: what the tables cost the cores besides the requests that
+        # asked (a cell built in a request, build_now, is in that request's own time)
+        self.build_s_total = 0.0
 
     def lookup(self, request: ChunkRequest, queue: bool = True) -> Decision | None:
         """The table's answer for the request, if its cell is built; a cell not built is queued

@@ -40,8 +40,9 @@ def charge_table_builds(
     kind_of: Callable[[PromptResult], str], tables: Callable[[], tuple[int, int, float]], timeout_s: float = 600.0
 ) -> Callable[[list[PromptResult]], None]:
     """An `after_first` for evaluate: wait until every kind the tables know is built (`tables`:
-    (kinds, kinds built, every build's seconds)), then charge the seconds per kind to auto's first
-    prompt of each kind (`kind_of`): the builds ran on the cores the engine runs on."""
+    (kinds, kinds built, every background build's seconds)), then charge the seconds per kind to
+    auto's first prompt of each kind (`kind_of`): the builds ran on the cores the engine runs on (a
+    cell built in the request that asked is in that first decision's own time)."""
 
     def after_first(prompts: list[PromptResult]) -> None:
         firsts: dict[str, PromptResult] = {}

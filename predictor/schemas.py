@@ -38,7 +38,11 @@ class TableSummary(BaseModel):
     kinds_built: int = Field(description="kinds with no cell of lengths waiting to be built")
     segments: int = Field(description="length segments held, each with one answer")
     last_build_s: float | None = Field(description="the latest build's seconds; null: none yet")
-    build_s_total: float = Field(0.0, description="every build's seconds since start: what the tables cost the cores")
+    build_s_total: float = Field(
+        0.0,
+        description="every background build's seconds since start: what the tables cost the cores besides the "
+        "requests that asked (a cell built in a request is in its own time)",
+    )
 
 
 class ModelInfo(BaseModel):

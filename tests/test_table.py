@@ -100,14 +100,13 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     predictor = load_predictor(trained_store, "chunk-size-predictor", "champion", tabled=True)
     machine = {"hardware_id": next(iter(predictor.recipe.hardware))}  # a machine the model knows: its own decisions
     ask = ChunkRequest(context_length=3000, model="llama-tiny", hardware=machine)
-    predictor.decision_ms = 0.0  # deciding costs nothing next to this TTFT (not this host's clock)
-    first = predictor.answer(ask)  # a new kind: the recipe decides now, its cell builds behind
-    assert (first.source, first.span) == ("model", None)
-    assert predictor.recipe.table.wait(120)
-    assert predictor.answer(ask).source == "table"
-    # a length of a cell not built yet: decided now, its cell built behind (only what is asked is built)
+    predictor.budget = 1.0  # deciding now is always worth it (not this host's clock)
+    first = predictor.answer(ask)  # a new kind: its cell built now, in this request, and answered from
+    assert first.source == "table" and first.span[0] <= 3000 <= first.span[1]
+    assert predictor.answer(ask) == first
+    # a length of a cell not built yet: built now (only what is asked is built)
     lengths = [3001, 2950, 4500, 12_345, 700, *range(2000, 2100)]
-    assert predictor.answer(ask.model_copy(update={"context_length": 12_345})).source == "model"
+    assert predictor.answer(ask.model_copy(update={"context_length": 12_345})).source == "table"
     for n in lengths:
         predictor.answer(ask.model_copy(update={"context_length": n}))
     assert predictor.recipe.table.wait(120)
@@ -134,10 +133,12 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
         assert predicted.get(answer.chunk_size, math.inf) <= 1.005 * exact.predicted_ttft_ms, n
     assert same >= 95
     # a decision that would cost more than its share of the TTFT: a new kind is answered by the anchor,
-    # the strongest simple baseline of its machine, backend and kernel
-    predictor.decision_ms = 1e6
-    other = predictor.answer(ask.model_copy(update={"threads": 2}))
-    assert (other.source, other.span) == ("anchor", None) and other.chunk_size == other.anchor.chunk_size
+    # the strongest simple baseline of its machine, backend and kernel, and its cell builds behind
+    predictor.budget = 0.0
+    other = ask.model_copy(update={"threads": 2})
+    answer = predictor.answer(other)
+    assert (answer.source, answer.span) == ("anchor", None) and answer.chunk_size == answer.anchor.chunk_size
+    assert predictor.recipe.table.wait(120) and predictor.answer(other).source == "table"
     predictor.close()
 
 

@@ -6,6 +6,7 @@ table, exactly as the service asks. Recipes that share a cost model share its fi
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -66,10 +67,10 @@ def fit_recipes(
         if kind not in fitted:
             fitted[kind] = recipe.fit(train.measured, configs, hardware)
             if isinstance(recipe.cost, PerChunk):  # its twin is the per-candidate model of the same rows and params
-                twin = Recipe(name, recipe.cost.untimed, anchors=recipe.anchors, memory=recipe.memory)
+                twin = replace(recipe, cost=recipe.cost.untimed)
                 fitted.setdefault(recipe.cost.untimed.kind, twin)
         done = fitted[kind]
-        saved = Recipe(name, done.cost, recipe.chooser, anchors=done.anchors, memory=done.memory).save(folder / name)
+        saved = replace(done, name=name, chooser=recipe.chooser).save(folder / name)
         out[name] = load_recipe(saved)
         out[name].hardware = hardware or {}  # saved beside it by the registry (store.registry.HARDWARE_FILE)
     return out
