@@ -161,9 +161,8 @@ class Recipe:
 
     def decide(self, request: ChunkRequest, tabled: bool = False) -> Decision:
         """The recipe's decision for `request`: at exactly its length, or (`tabled`) its decision
-        table's, from the segment of lengths its length falls in (the cell built now where it is not
-        yet: the service builds it in the background instead). Infeasible (estimator.decide) when it
-        has none."""
+        table's, from the segment of lengths its length falls in (its cell built now where it is not
+        yet). Infeasible (estimator.decide) when it has none."""
         if tabled and not untabled(request):
             found = self.table.build_now(request)  # a lookup where its cell is built
             if found is not None:

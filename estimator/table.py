@@ -242,10 +242,14 @@ class DecisionTable:
 
     def build_now(self, request: ChunkRequest) -> Decision | None:
         """The request's cell built in this thread if it is not yet, and the table's answer (None:
-        no candidate fits there): what cross-validation asks, where the service queues the cell."""
+        no candidate fits there): what cross-validation asks, and the service where it can afford to
+        decide now (predictor.model.Predictor.answer)."""
         cell = cell_of(request)
         with self.ready:
-            kind, generation = self._kind(request), self.generation
+            kind = self._kind(request)
+            # a kind with cells built keeps their generation, as the builder's first cells do: a
+            # learn's rebuild of its older cells stays due
+            generation = kind.generation if kind.built else self.generation
             built = cell in kind.built
         if not built:
             self._keep(kind, [cell], self._segments(kind.request, [cell]), generation)

@@ -160,8 +160,8 @@ class ServiceState:
 
     def decide_at_once(self, request: ChunkRequest) -> Decision | None:
         """The decision if the champion's table (and a waiting challenger's) holds it: microseconds,
-        for the event loop. None: `decide` must run (milliseconds, in the thread pool; it queues
-        the cell once it has answered)."""
+        for the event loop. None: `decide` must run (milliseconds, in the thread pool: it builds the
+        cell, or past the budget answers the anchor's size and queues it)."""
         pick, challenger = self.predictor.tabled_answer(request, queue=False), self.challenger
         if pick is None:
             return None

@@ -142,6 +142,23 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     predictor.close()
 
 
+def test_a_cell_built_in_a_request_after_a_learn_leaves_the_kinds_older_cells_due_for_a_rebuild(trained_store):
+    """A learn makes a kind's built cells due for a rebuild with the new correction; a cell a
+    request builds meanwhile (with the new correction) does not mark the older ones rebuilt."""
+    from predictor.model import load_predictor
+
+    predictor = load_predictor(trained_store, "chunk-size-predictor", "champion", tabled=False)  # no builder thread
+    table = predictor.recipe.table
+    machine = {"hardware_id": next(iter(predictor.recipe.hardware))}
+    ask = ChunkRequest(context_length=3000, model="llama-tiny", hardware=machine)
+    table.build_now(ask)
+    built_with = table.kinds[ask.kind()].generation
+    table.learnt()
+    table.build_now(ask.model_copy(update={"context_length": 15_000}))
+    assert table.kinds[ask.kind()].generation == built_with != table.generation
+    predictor.close()
+
+
 @pytest.mark.slow
 def test_warming_up_builds_the_tables_before_the_first_timed_prefill(trained_store, monkeypatch):
     """An engine starting warms `auto` up: the cells of the lengths it will ask are built before any
