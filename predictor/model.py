@@ -80,10 +80,9 @@ class Predictor:
         """The recipe's decision table's answer (estimator.table); where its cell is not built yet it
         is built now, in this request, if deciding is worth its cost (`affordable`), else the anchor
         (the strongest simple baseline here) answers and the cell builds behind. Built now, a cell
-        costs one batched call of the recipe for its two ends (halved where they disagree): on the
-        AMD EPYC `99ce2872fe46`, 5.2 ms against 4.2 ms for the exact length alone, which then left
-        its cell (5.1 ms more) to build behind, on the cores the engine prefills on. A schedule is
-        priced for its own length, always by the recipe."""
+        costs one batched call of the recipe for its two ends (halved where they disagree), about a
+        decision at the exact length, which would leave its cell to build behind, on the cores the
+        engine prefills on. A schedule is priced for its own length, always by the recipe."""
         if untabled(request):
             return self.exact_answer(request)
         found = self.recipe.table.lookup(request, queue=False)
