@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from predictor_latency import body, over_http, percentiles
+from predictor_latency import body, known_machine, over_http, percentiles
 
 from cli.processes import free_port
 
@@ -76,10 +76,12 @@ async def handling(n: int) -> None:
 
     app = create_app(Settings(tracking_uri=tracking_uri(), poll_interval_s=0, explore_budget=0))
     async with app.router.lifespan_context(app):
+        predictor = app.state.service.predictor
+        machine = known_machine(predictor)  # the model's own decisions, as bench/predictor_latency.py asks
         for i in range(12):  # every kind queued, then built
-            await call(app, json.dumps(body(i)).encode())
-        app.state.service.predictor.recipe.table.wait(600)
-        payloads = [json.dumps(body(i)).encode() for i in range(12, 12 + n)]
+            await call(app, json.dumps(body(i, machine)).encode())
+        predictor.recipe.table.wait(600)
+        payloads = [json.dumps(body(i, machine)).encode() for i in range(12, 12 + n)]
         middlewares = list(app.user_middleware)
         for label, kept in (("with its middlewares", middlewares), ("without middlewares", [])):
             app.user_middleware, app.middleware_stack = kept, None  # rebuilt on the next call
@@ -106,7 +108,8 @@ def main() -> None:
     )
     try:
         time.sleep(3)
-        row = over_http(f"http://127.0.0.1:{port}", 8, max(args.requests // 8, 20), every_ms=50, lean=True)
+        floor = f"http://127.0.0.1:{port}"  # a fixed answer, whatever machine the requests name
+        row = over_http(floor, "any", 8, max(args.requests // 8, 20), every_ms=50, lean=True)
         print(f"bare ASGI on uvicorn (the floor): {row}", flush=True)
     finally:
         server.terminate()

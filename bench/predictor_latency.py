@@ -1,8 +1,9 @@
 """Decision latency of the predictor: in-process (the recipe at the exact length, today's path
-before the table; the decision table at first sight of a kind and in the steady state, with its
-build time per kind) and over HTTP against a real `chunkpilot serve` process on loopback. Each HTTP client is its own
-process with one keep-alive connection, as engines are (client threads in one process would
-measure the GIL's 5 ms switch interval, not the service), asking back to back (saturation) or
+before the table; the decision table at first sight of a kind, the model's or one it does not know,
+and in the steady state, with its build time per kind) and over HTTP against a real `chunkpilot
+serve` process on loopback. Each HTTP client is its own process with one keep-alive connection,
+as engines are (client threads in one process would measure the GIL's 5 ms switch interval, not
+the service), asking back to back (saturation) or
 paced (one request per --every-ms, like an engine asking before each prefill). The clients use
 the engine's own client (httpx); one row repeats the paced case with the standard library's
 http.client to show the client's share. Clients share the machine's cores with the server.
@@ -32,21 +33,42 @@ from evaluation.records import append_record, stamp
 if TYPE_CHECKING:
     from predictor.model import Predictor
 
-HARDWARE = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
+MODELS = ["llama-tiny", "mistral-44m", "qwen2-gqa"]
+# a model shape no training row ran (a user's own model): the anchor's size is the recipe's decision
+NEW_SHAPE = {
+    **{"family": "llama", "num_layers": 6, "hidden_size": 384, "num_heads": 6, "num_kv_heads": 2},
+    **{"intermediate_size": 1024, "vocab_size": 8000},
+}
 
 
-def body(i: int, schedule: bool = False) -> dict:
-    """Twelve kinds of request (3 models x 4 attention set-ups), each request a length not asked
-    before (distinct up to i = 20,000): a decision the table answers from a segment, never a repeat."""
+def body(i: int, machine: str, schedule: bool = False, models: list = MODELS) -> dict:
+    """Twelve kinds of request (3 models x 4 attention set-ups) on the profiled machine `machine`,
+    each request a length not asked before (distinct up to i = 20,000): a decision the table answers
+    from a segment, never a repeat."""
     window = [None, 512, 1024, 2048][i % 4]
     return {
         "schedule": schedule,
         "context_length": 500 + (i * 7919) % 20_000,
-        "model": ["llama-tiny", "mistral-44m", "qwen2-gqa"][i % 3],
+        "model": models[i % len(models)],
         "attention": {"window": window, "layout": "ring" if window == 1024 else "shift"},
         "threads": 2,
-        "hardware": HARDWARE,
+        "hardware": {"hardware_id": machine},
     }
+
+
+def known_machine(predictor: Predictor) -> str:
+    """A machine the champion was trained on with the bundled engine's default kernel, this one if
+    it was: requests naming it are the model's to decide (one it never saw is the anchor's)."""
+    from chunkpilot.contract import ChunkRequest
+    from engine.machine import fingerprint
+    from judge.lineup import anchor_key
+
+    backend, kernel = (ChunkRequest.model_fields[name].default for name in ("backend", "attn_impl"))
+    here = fingerprint()["hardware_id"]
+    for machine in sorted(predictor.recipe.hardware, key=lambda m: m != here):
+        if anchor_key(machine, backend, kernel) in predictor.recipe.anchors:
+            return machine
+    raise SystemExit("the champion was trained on no machine with the bundled engine's default kernel")
 
 
 FIGURES: list[dict] = []  # what this run measured, in order: its record (evaluation.records)
@@ -69,7 +91,8 @@ def timed(answer: Callable, requests: list) -> tuple[list[float], list]:
     return times, answers
 
 
-def in_process(n: int) -> None:
+def in_process(n: int) -> str:
+    """The in-process rows; returns the profiled machine the requests name."""
     from chunkpilot.contract import ChunkRequest
     from predictor.model import load_predictor
     from store.registry import CHAMPION, MODEL_NAME
@@ -79,7 +102,13 @@ def in_process(n: int) -> None:
         return load_predictor(tracking_uri(), MODEL_NAME, CHAMPION, compiled=False)
 
     predictor = loaded()
-    requests = [ChunkRequest.model_validate(body(i)) for i in range(n)]
+    machine = known_machine(predictor)
+    print(f"requests name the profiled machine {machine}")
+
+    def asked(i: int, **change) -> ChunkRequest:
+        return ChunkRequest.model_validate(body(i, machine, **change))
+
+    requests = [asked(i) for i in range(n)]
     lgbm, _ = timed(predictor.exact_answer, requests[: max(100, n // 4)])
     path = "in-process, recipe at the exact length, LightGBM's own predictor (until the forests are compiled)"
     print(f"in-process, recipe, LightGBM's predictor {percentiles(lgbm, path)}")
@@ -98,7 +127,7 @@ def in_process(n: int) -> None:
             f"(then {cached:.2f} s from the cache)"
         )
         again.close()
-    requests = [ChunkRequest.model_validate(body(i)) for i in range(n, 2 * n)]  # lengths not priced before
+    requests = [asked(i) for i in range(n, 2 * n)]  # lengths not priced before
     exact, _ = timed(predictor.exact_answer, requests)
     path = "in-process, recipe at the exact length, compiled forests (every decision before the table)"
     print(f"in-process, recipe at the exact length   {percentiles(exact, path)}")
@@ -107,10 +136,17 @@ def in_process(n: int) -> None:
     first = []
     for i in range(3 * n, 3 * n + 12):
         predictor.recipe.table.wait(60)
-        first += timed(predictor.answer, [ChunkRequest.model_validate(body(i))])[0]
+        first += timed(predictor.answer, [asked(i)])[0]
     path = "in-process, first sight of a kind (12 kinds: its cell built now, in the request)"
     print(f"in-process, first sight of a kind        {percentiles(first, path)}")
-    fresh = [ChunkRequest.model_validate(body(i)) for i in range(3 * n + 12, 3 * n + 24)]
+    # a model shape no row ran: the anchor's size at once, its cell built behind without the forests
+    unknown = []
+    for i in range(3 * n, 3 * n + 12):
+        predictor.recipe.table.wait(60)
+        unknown += timed(predictor.answer, [asked(i, models=[NEW_SHAPE])])[0]
+    path = "in-process, first sight of a kind the model does not know (12 kinds of a new model shape: the anchor)"
+    print(f"in-process, first sight, unknown shape   {percentiles(unknown, path)}")
+    fresh = [asked(i) for i in range(3 * n + 12, 3 * n + 24)]
     crowded, _ = timed(predictor.answer, fresh)
     path = "in-process, a new cell of each of 12 kinds, back to back"
     print(f"in-process, new cells back to back       {percentiles(crowded, path)}")
@@ -124,11 +160,12 @@ def in_process(n: int) -> None:
             f"table build, per batch of cells, behind  median {statistics.median(built):.4f} s, "
             f"max {max(built):.4f} s, {len(built)} builds in {time.perf_counter() - t0:.1f} s"
         )
-    fresh = [ChunkRequest.model_validate(body(i)) for i in range(2 * n, 3 * n)]  # lengths not asked before
+    fresh = [asked(i) for i in range(2 * n, 3 * n)]  # lengths not asked before
+    timed(predictor.answer, fresh)  # their cells built (in these requests): the steady state follows
     steady, answers = timed(predictor.answer, fresh)
     sources = {s: sum(a.source == s for a in answers) for s in ("table", "model", "rule")}
-    path = "in-process, table, new lengths of known kinds"
-    print(f"in-process, table, new lengths           {percentiles(steady, path)}  sources {sources}")
+    path = "in-process, table, every cell built (the steady state)"
+    print(f"in-process, table, cells built           {percentiles(steady, path)}  sources {sources}")
     ttft = statistics.median(a.predicted_ttft_ms for a in answers)
     print(
         f"decision cost / median predicted TTFT ({ttft:.0f} ms) of these requests: table p50 "
@@ -139,6 +176,7 @@ def in_process(n: int) -> None:
         path = "in-process, recipe + schedule (priced per length, never tabled)"
         print(f"in-process, recipe + schedule            {percentiles(scheduled, path)}")
     predictor.close()
+    return machine
 
 
 def compiled_forests(url: str) -> None:
@@ -152,18 +190,20 @@ def compiled_forests(url: str) -> None:
         time.sleep(1)
 
 
-def built_kinds(url: str) -> None:
-    """Ask once per kind, then until each kind answers a new length from its table."""
+def built_cells(url: str, machine: str, count: int) -> None:
+    """Ask each of the first `count` requests once (its cell built in that request, or behind it),
+    then until every kind answers from its table: the HTTP rows time a warm service."""
     import httpx
 
-    for i in range(12):
-        httpx.post(f"{url}/v1/chunk-size", json=body(i)).raise_for_status()
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        sources = [httpx.post(f"{url}/v1/chunk-size", json=body(19_000 + i)).json()["source"] for i in range(12)]
-        if sources.count("table") == 12:
-            return
-        time.sleep(1)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for i in range(count):
+            http.post("/v1/chunk-size", json=body(i, machine)).raise_for_status()
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            sources = [http.post("/v1/chunk-size", json=body(i, machine)).json()["source"] for i in range(count)]
+            if sources.count("table") == count:
+                return
+            time.sleep(1)
     raise RuntimeError("the service's decision table was not built within 10 minutes")
 
 
@@ -190,22 +230,23 @@ def stdlib_post(url: str) -> Callable[[dict], None]:
 
 def client(job: tuple) -> list[float]:
     """One engine: connect, warm up, then `n` requests from `start_at` on its schedule."""
-    url, k, n, every_s, start_at, lean, schedule = job
+    url, machine, k, n, every_s, start_at, lean, schedule = job
     post = (stdlib_post if lean else httpx_post)(url)
     time.sleep(max(0.0, start_at - 1.0 - time.time()))  # warm up just before: keep-alive closes idle connections
     for i in range(5):
-        post(body(k * n + i, schedule))
+        post(body(k * n + i, machine, schedule))
     times = []
     for i in range(n):
         time.sleep(max(0.0, start_at + i * every_s - time.time()))
         t0 = time.perf_counter()
-        post(body(k * n + i, schedule))
+        post(body(k * n + i, machine, schedule))
         times.append((time.perf_counter() - t0) * 1e3)
     return times
 
 
 def over_http(
     url: str,
+    machine: str,
     clients: int,
     per_client: int,
     every_ms: float = 0.0,
@@ -217,7 +258,9 @@ def over_http(
     asks on a fixed timetable, spread evenly over the period. `schedule`: ask for chunk schedules."""
     every_s = every_ms / 1e3
     start_at = time.time() + 2.0 + 0.3 * clients  # every process started by then
-    jobs = [(url, k, per_client, every_s, start_at + k * every_s / clients, lean, schedule) for k in range(clients)]
+    jobs = [
+        (url, machine, k, per_client, every_s, start_at + k * every_s / clients, lean, schedule) for k in range(clients)
+    ]
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
         results = pool.map(client, jobs)
     times = [t for r in results for t in r]
@@ -236,25 +279,25 @@ def main() -> None:
     args = parser.parse_args()
     if not 100 <= args.requests <= 1_000_000:  # percentiles need a few requests per client
         parser.error(f"--requests must be between 100 and 1000000 (got {args.requests})")
-    in_process(args.requests)
+    machine = in_process(args.requests)
     port = free_port()
     server = start_service(port)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, server)
         compiled_forests(url)
-        built_kinds(url)
-        over_http(url, 1, 300, record=False)  # warm-up, not shown
-        print(over_http(url, 1, args.requests))
+        built_cells(url, machine, args.requests + 5)  # every length a client asks (its warm-up's too)
+        over_http(url, machine, 1, 300, record=False)  # warm-up, not shown
+        print(over_http(url, machine, 1, args.requests))
         for clients in (8, 32):
-            print(over_http(url, clients, args.requests // clients))
-        print(over_http(url, 1, max(args.requests // 8, 20), every_ms=50))
-        print(over_http(url, 1, max(args.requests // 8, 20), every_ms=50, lean=True))
+            print(over_http(url, machine, clients, args.requests // clients))
+        print(over_http(url, machine, 1, max(args.requests // 8, 20), every_ms=50))
+        print(over_http(url, machine, 1, max(args.requests // 8, 20), every_ms=50, lean=True))
         for every_ms in (10, 50):
-            print(over_http(url, 8, max(args.requests // 8, 20), every_ms=every_ms))
-        print(over_http(url, 8, max(args.requests // 8, 20), every_ms=50, lean=True))
-        print(over_http(url, 8, max(args.requests // 8, 20), every_ms=50, schedule=True))
-        print(over_http(url, 32, max(args.requests // 32, 20), every_ms=50))
+            print(over_http(url, machine, 8, max(args.requests // 8, 20), every_ms=every_ms))
+        print(over_http(url, machine, 8, max(args.requests // 8, 20), every_ms=50, lean=True))
+        print(over_http(url, machine, 8, max(args.requests // 8, 20), every_ms=50, schedule=True))
+        print(over_http(url, machine, 32, max(args.requests // 32, 20), every_ms=50))
     finally:
         server.terminate()
         server.wait(timeout=20)

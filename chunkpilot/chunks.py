@@ -191,7 +191,8 @@ def segments(
 
     def decided(lengths: Iterable[int]) -> None:
         todo = sorted(set(lengths) - known.keys())
-        known.update(zip(todo, decide(todo), strict=True))
+        if todo:
+            known.update(zip(todo, decide(todo), strict=True))
 
     decided(n for cell in cells for n in cell)
     found: dict[int, list[Segment[T]]] = {first: [] for first, _ in cells}  # by cell (its first length)

@@ -25,8 +25,10 @@ anchor. numpy only: the service applies it on every answer.
 Bounded, whoever reports: a chunk's residual is clipped to +-CLIP before it counts (a winsorised
 mean, so one absurd outcome weighs no more than a merely bad one), and since every level is a
 shrunk mean of clipped values, K prefills of one kind move any chunk's log-ms by at most
-CLIP * K / (K + PRIOR): a prediction's TTFT by less than a factor exp(CLIP) = 1.5 however many
-outcomes one source sends (tests/test_attacks.py). A machine whose level is off by more than that
+CLIP * (1 - (PRIOR / (K + PRIOR))**2) (the kind's mean moves by up to CLIP * K / (K + PRIOR), and
+the size bucket, all K of them alike, the rest of the way towards CLIP but for its own shrinkage):
+a prediction's TTFT by less than a factor exp(CLIP) = 1.5 however many outcomes one source sends
+(tests/test_attacks.py). A machine whose level is off by more than that
 still ranks its sizes right: the level moves every size alike. Safe under threads without making
 decisions wait: what it learnt is an immutable snapshot that each learn replaces whole (the service
 learns in its thread pool while other threads decide).

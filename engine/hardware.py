@@ -110,7 +110,8 @@ def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", 
 
 def local_hardware(dtype: str, threads: int, device: str = "cpu") -> Hardware:
     """This machine as a request describes it: its id plus descriptors, measured into the user's
-    cache the first time (so a machine no dataset holds still gets model decisions)."""
+    cache the first time (a machine no dataset holds is still priced: the anchor's size until its
+    own prefills teach the service's correction, then the model's decisions)."""
     found = descriptors(user_cache_dir() / "hardware", dtype, threads, device, announce=True)
     return Hardware(**{name: found[name] for name in Hardware.model_fields})
 

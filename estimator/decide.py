@@ -186,8 +186,9 @@ def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> li
             "chunk_size": np.concatenate([chunks for _, chunks in feasible]),
         }
     )
-    members = recipe.members(x)  # [K, rows]
     known = recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl, x)
+    # a kind the model does not know: the anchor decides, its forests are not asked (most of a decision's time)
+    members = recipe.members(x) if known else None  # [K, rows]
     peak_mb = None if memory is None else memory.predict_bytes(x) / MIB  # [rows]
     margin = None if memory is None else float(memory.margin_of(x[:1])[0])  # one request, one kind: one margin
     starts = np.cumsum([0, *counts]).tolist()
@@ -208,7 +209,10 @@ def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> li
                 out.append(over_budget(budget, margin, chunks, peaks))
                 continue
             anchored = within(fits, anchored)
-        choice = recipe.pick(members[:, rows], x[rows], anchored, known, fits)
+        if members is None:
+            choice = recipe.defer(x[rows], anchored)
+        else:
+            choice = recipe.pick(members[:, rows], x[rows], anchored, fits)
         ms = np.exp(choice.log_ms).tolist()
         if not all(map(math.isfinite, ms)):
             out.append(Infeasible("the model predicted a non-finite TTFT for this request", "non_finite"))
@@ -250,12 +254,14 @@ def _decision(
         Candidate.model_construct(chunk_size=c, predicted_ttft_ms=m, predicted_peak_mb=p)
         for c, m, p in zip(chunks, ms, peaks, strict=True)
     ]
-    gaps = (choice.log_ms - choice.log_ms[best]).tolist()
-    gains = tuple(
-        Gain(chunks[i], ms[i] / ms[best], expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)))
-        for i in order
-        if i != best
-    )
+    gains: tuple[Gain, ...] = ()  # nothing to explore where the model did not price the candidates
+    if choice.gain_sd is not None:
+        gaps = (choice.log_ms - choice.log_ms[best]).tolist()
+        gains = tuple(
+            Gain(chunks[i], ms[i] / ms[best], expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)))
+            for i in order
+            if i != best
+        )
     schedule = None
     if request.schedule and isinstance(recipe.cost, PerChunk):
         att = request.attention

@@ -274,10 +274,9 @@ class MemoryModel:
     def predict_bytes(self, x: np.ndarray) -> np.ndarray:
         """[rows] predicted peak bytes above the loaded model."""
         t, kinds = terms(x), _kind(x)
-        if len(set(kinds)) == 1:  # a request's candidates: one kind, one fit (the same arithmetic)
-            coef = np.broadcast_to(np.asarray(self._coefficients(kinds[0])), t.shape)
-        else:
-            coef = np.array([self._coefficients(k) for k in kinds])
+        if len(set(kinds)) == 1:  # a request's candidates: one kind, one fit
+            return t @ np.asarray(self._coefficients(kinds[0])) * MIB
+        coef = np.array([self._coefficients(k) for k in kinds])
         return np.einsum("ij,ij->i", t, coef) * MIB
 
     def _coefficients(self, kind: str) -> list[float]:

@@ -26,7 +26,7 @@ import numpy as np
 from chunkpilot import chunk_features
 from chunkpilot.contract import SHAPE_COLUMNS, ChunkRequest, Decision
 from chunkpilot.correction import Correction
-from chunkpilot.features import FEATURES
+from chunkpilot.features import FEATURES, base_log_ms
 from estimator.cost_models import Adjust, Analytic, CostModel, Measured, PerCandidate, PerChunk, expand, load_cost_model
 from estimator.decide import Infeasible, decide_many
 from estimator.memory import MemoryModel
@@ -72,9 +72,10 @@ class Choice:
 
     index: int  # among the candidates
     deferred: bool  # do-no-harm took the anchor's size
-    log_ms: np.ndarray  # [candidates] the members' mean
-    spread: np.ndarray  # [candidates] the members' standard deviation of log ms
-    gain_sd: np.ndarray  # [candidates] the members' standard deviation of (candidate - choice)
+    log_ms: np.ndarray  # [candidates] the members' mean (deferred unknowing: the analytic estimate)
+    # [candidates] the members' standard deviation of (candidate - choice); None: the members were not
+    # asked (a kind the model does not know), so no gap is worth exploring
+    gain_sd: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,7 @@ class Chooser:
             if saving.mean() <= np.log1p(self.margin) + self.z * np.sqrt(saving.var() + added):
                 index, deferred = anchor, True
         gain_var = _var(members - members[:, [index]]) + (0.0 if noise is None else noise[:, index])
-        return Choice(index, deferred, mean, np.sqrt(_var(members)), np.sqrt(gain_var))
-
-    def defer(self, members: np.ndarray, anchor: int) -> Choice:
-        """The anchor's size, whatever the members say (a machine the model never saw)."""
-        gain_sd = np.sqrt(_var(members - members[:, [anchor]]))
-        return Choice(anchor, True, _mean(members), np.sqrt(_var(members)), gain_sd)
+        return Choice(index, deferred, mean, np.sqrt(gain_var))
 
 
 # over the members (axis 0) as np.mean and np.var compute them, without their Python-level
@@ -207,17 +203,21 @@ class Recipe:
         """[K, rows] log ms of every row's uniform plan, this machine's correction applied."""
         return self.cost.members(x, self._adjust())
 
-    def pick(
-        self, members: np.ndarray, x: np.ndarray, anchor: int, known: bool = True, fits: np.ndarray | None = None
-    ) -> Choice:
+    def pick(self, members: np.ndarray, x: np.ndarray, anchor: int, fits: np.ndarray | None = None) -> Choice:
         """One config's candidates, `x` [candidates, FEATURES], their members [K, candidates] (a
-        batch's share: estimator.decide.decide_many), the anchor's index among them, whether the model
-        `knows` the machine, and which candidates fit a memory budget. Without a learnt correction
-        or a budget it is exactly `chooser.pick`."""
-        if not known:
-            return self.chooser.defer(members, anchor)
+        batch's share: estimator.decide.decide_many), the anchor's index among them, and which
+        candidates fit a memory budget, on a kind the model `knows`. Without a learnt correction or a
+        budget it is exactly `chooser.pick`."""
         noise = None if self._adjust() is None else self.correction.difference_variance(x)
         return self.chooser.pick(members, anchor, noise, fits)
+
+    @staticmethod
+    def defer(x: np.ndarray, anchor: int) -> Choice:
+        """The anchor's size on a kind the model does not `know`, whatever its members would say, so
+        they are not asked: the candidates `x` [candidates, FEATURES] are priced by the analytic
+        estimate alone (a new model's first requests decided in a fraction of a model decision)."""
+        log_ms = base_log_ms(x)
+        return Choice(anchor, True, log_ms, None)
 
     def residuals(self, x: np.ndarray, chunk_ms: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One measured prefill of the uniform plan `x` [1, FEATURES]: (its chunks' config rows, query

@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +34,37 @@ from .settings import BUDGET
 
 log = logging.getLogger(__name__)
 TABLE_ENV = "CHUNKPILOT_DECISION_TABLE"  # "0": no decision tables (the tests' servers)
+# an anchor answer's reason where the recipe does not know the request's kind (Recipe.knows)
+UNKNOWN_KIND = "the model has not measured this model shape, machine, backend or kernel: the anchor decides"
 COMPILE_ENV = "CHUNKPILOT_COMPILED_FORESTS"  # "0": LightGBM's own predictor only (the tests' servers)
+
+
+class Anchored(NamedTuple):
+    """A request's anchor (the strongest simple baseline of its machine, backend and kernel), its size
+    and the hand rule's with their analytic TTFTs, and whether the recipe knows the request's kind."""
+
+    anchor: Baseline
+    size: int
+    ms: float
+    rule: int
+    rule_ms: float
+    known: bool  # Recipe.knows: else the anchor's size is the recipe's own decision
+
+    def decision(self, version: str) -> Decision:
+        """The anchor's size as the answer, no model call; where the recipe does not know the kind,
+        `reason` says why and it is `deferred`, as the recipe's decision there is."""
+        candidate = Candidate(chunk_size=self.size, predicted_ttft_ms=self.ms)
+        return Decision(
+            chunk_size=self.size,
+            predicted_ttft_ms=self.ms,
+            deferred=not self.known,
+            top=[candidate],
+            rule=Candidate(chunk_size=self.rule, predicted_ttft_ms=self.rule_ms),
+            anchor=Anchor(**candidate.model_dump(), name=self.anchor.name, spec=self.anchor.spec),
+            model_version=version,
+            source="anchor",
+            reason=None if self.known else UNKNOWN_KIND,
+        )
 
 
 @dataclass
@@ -77,22 +108,27 @@ class Predictor:
         self.compile_s = time.perf_counter() - start
 
     def answer(self, request: ChunkRequest) -> Decision:
-        """The recipe's decision table's answer (estimator.table); where its cell is not built yet it
-        is built now, in this request, if deciding is worth its cost (`affordable`), else the anchor
-        (the strongest simple baseline here) answers and the cell builds behind. Built now, a cell
-        costs one batched call of the recipe for its two ends (halved where they disagree), about a
-        decision at the exact length, which would leave its cell to build behind, on the cores the
-        engine prefills on. A schedule is priced for its own length, always by the recipe."""
+        """The recipe's decision table's answer (estimator.table). Where its cell is not built yet, it
+        is built now, in this request, if the recipe knows the kind (`Recipe.knows`) and deciding is
+        worth its cost (`affordable`); else the anchor (the strongest simple baseline here) answers,
+        from one feature row per size, and the cell builds behind. Built now, a cell costs one
+        batched call of the recipe for its two ends (halved where they disagree), about a decision
+        at the exact length, which would leave its cell to build behind, on the cores the engine
+        prefills on. On a kind the recipe does not know (a model shape, machine or backend it never
+        saw) the anchor's size is the recipe's own decision: answered at once, its cell built behind
+        without the forests (estimator.decide.decide_many). A schedule or a memory budget is priced
+        for its own length, always by the recipe."""
         if untabled(request):
             return self.exact_answer(request)
         found = self.recipe.table.lookup(request, queue=False)
         if found is not None:
             return found
-        if not self.affordable(request):
-            answer = self.anchor_answer(request)
-            self.recipe.table.want(request)  # queued once answered: its build never shares the cores with this decision
-            return answer
-        return self._decided(request, tabled=self.tabled)
+        anchored = self.anchored(request)
+        if anchored.known and self.affordable(anchored.ms):
+            return self._decided(request, tabled=self.tabled)
+        answer = anchored.decision(self.version)
+        self.recipe.table.want(request)  # queued once answered: its build never shares the cores with this decision
+        return answer
 
     def tabled_answer(self, request: ChunkRequest, queue: bool = True) -> Decision | None:
         """The table's answer if its segment is built: a lookup, microseconds (None: the cell is
@@ -100,42 +136,23 @@ class Predictor:
         a memory budget)."""
         return None if untabled(request) else self.recipe.table.lookup(request, queue)
 
-    def estimate_ms(self, request: ChunkRequest, chunks: list[int]) -> list[float]:
-        """The analytic TTFT of each size (features.base_log_ms), one feature build for them all:
-        what the budget weighs a decision against, and what the anchor's answer is priced by."""
-        return np.exp(base_log_ms(feature_rows(self.recipe.hardware, request, chunks))).tolist()
+    def affordable(self, anchor_ms: float) -> bool:
+        """Whether deciding now costs at most `budget` of the TTFT the anchor's size would take
+        (`anchor_ms`, the analytic estimate; a budget of 1, the whole TTFT: always)."""
+        return self.budget >= 1 or self.decision_ms <= self.budget * anchor_ms
 
-    def affordable(self, request: ChunkRequest) -> bool:
-        """Whether deciding now costs at most `budget` of the TTFT the anchor's size would take (a
-        budget of 1, the whole TTFT: always, whatever the analytic estimate says)."""
-        if self.budget >= 1:
-            return True
+    def anchored(self, request: ChunkRequest) -> Anchored:
+        """The request's anchor, its size and the hand rule's, priced by the analytic estimate
+        (features.base_log_ms) from one feature row each, and whether the recipe knows its kind."""
         chunks = candidates(request)
-        (anchor_ms,) = self.estimate_ms(request, [self.anchored(request, chunks)[1]])
-        return self.decision_ms <= self.budget * anchor_ms
-
-    def anchored(self, request: ChunkRequest, chunks: list[int]) -> tuple[Baseline, int]:
-        """The request's anchor and its size among `chunks`."""
         anchor = self.recipe.anchor(request.hardware.hardware_id, request.backend, request.attn_impl)
-        return anchor, anchor_size(anchor, request, chunks)
-
-    def anchor_answer(self, request: ChunkRequest) -> Decision:
-        """The anchor's size, priced by the analytic estimate: no model call."""
-        chunks = candidates(request)
-        anchor, size = self.anchored(request, chunks)
+        size = anchor_size(anchor, request, chunks)
         att = request.attention
         rule = rule_candidate(chunks, request.context_length, att.window, att.layout)
-        at_size, at_rule = self.estimate_ms(request, [size, rule])
-        candidate = Candidate(chunk_size=size, predicted_ttft_ms=at_size)
-        return Decision(
-            chunk_size=size,
-            predicted_ttft_ms=at_size,
-            top=[candidate],
-            rule=Candidate(chunk_size=rule, predicted_ttft_ms=at_rule),
-            anchor=Anchor(**candidate.model_dump(), name=anchor.name, spec=anchor.spec),
-            model_version=self.version,
-            source="anchor",
-        )
+        x = feature_rows(self.recipe.hardware, request, [size, rule])  # [2, FEATURES]
+        known = self.recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl, x)
+        at_size, at_rule = np.exp(base_log_ms(x)).tolist()
+        return Anchored(anchor, size, at_size, rule, at_rule, known)
 
     def close(self) -> None:
         self.recipe.table.close()

@@ -123,6 +123,19 @@ def trained_store(small_dataset, tmp_path_factory):
     return train_into_store(small_dataset, tmp_path_factory.mktemp("store"))
 
 
+@pytest.fixture(scope="session")
+def known_machine(small_dataset) -> dict:
+    """The machine `small_dataset` was measured on, as `auto` names it (its id and its descriptors,
+    which an outcome must carry): the trained store's model knows it, where a described machine it
+    never profiled gets the anchor's size until it learns."""
+    import pandas as pd
+
+    from chunkpilot.contract import Hardware
+
+    row = pd.read_parquet(next(small_dataset.rglob("*.parquet"))).iloc[0]
+    return Hardware(**{name: row[name] for name in Hardware.model_fields}).model_dump(mode="json")
+
+
 QUICK_TREES = 40
 
 

@@ -53,15 +53,20 @@ def server(trained_store):
         yield url
 
 
-def test_round_trip_model_then_table(server):
-    first = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
+def test_round_trip_model_then_table(server, known_machine):
+    first = httpx.post(f"{server}/v1/chunk-size", json=body(hardware=known_machine)).json()
     assert first["source"] == "model" and first["model_version"] == "1"
     # the recipe's choice (do-no-harm may keep the rule's size): not always the lowest level in `top`
     assert first["chunk_size"] <= 512 and not first["explored"]
     assert [c["predicted_ttft_ms"] for c in first["top"]] == sorted(c["predicted_ttft_ms"] for c in first["top"])
     assert first["rule"]["chunk_size"] == 512  # the hand rule, cut to the ring's window
-    again = httpx.post(f"{server}/v1/chunk-size", json=body()).json()  # the decision table, once built
+    again = httpx.post(f"{server}/v1/chunk-size", json=body(hardware=known_machine)).json()  # the table, once built
     assert again["source"] in {"model", "table"} and again["chunk_size"] == first["chunk_size"]
+    # a machine the model never profiled, described: the anchor's size, as the recipe itself would
+    # decide there (its guesses lose to the strongest baseline), from a feature row, saying why
+    described = httpx.post(f"{server}/v1/chunk-size", json=body()).json()
+    assert (described["source"], described["deferred"]) == ("anchor", True) and "anchor decides" in described["reason"]
+    assert described["chunk_size"] == described["anchor"]["chunk_size"]
     batch = httpx.post(f"{server}/v1/chunk-size/batch", json={"requests": [body(), body(context_length=100)]}).json()
     assert [r["chunk_size"] <= n for r, n in zip(batch["responses"], (512, 100), strict=True)] == [True, True]
     model = httpx.get(f"{server}/v1/model").json()

@@ -110,16 +110,31 @@ def test_the_recipe_judged_offline_is_the_recipe_served(fold):
         assert served.exact_answer(request).chunk_size == offline[g], g
 
 
-def test_a_model_shape_no_training_row_ran_gets_the_anchors_size_on_a_machine_the_model_knows(fold):
+def test_a_model_shape_no_training_row_ran_gets_the_anchors_size_on_a_machine_the_model_knows(fold, monkeypatch):
     """Held out by model shape, the model's guesses lose to the strongest baseline (docs/training.md):
-    a request of a shape none of its rows ran is answered with the anchor's size, saying it deferred."""
-    from estimator.decide import feature_rows
+    a request of a shape none of its rows ran is answered with the anchor's size, saying it deferred,
+    without asking the forests (most of a decision's time): every candidate priced by the analytic
+    estimate, and no gap worth exploring."""
+    from chunkpilot.features import base_log_ms
+    from estimator.decide import feature_rows, gains_of
 
     _, test, recipe, _ = fold
     assert "llama-110m" not in set(test.rows.model)  # the small dataset's shapes are two tiny ones
     asked = ChunkRequest.from_row(test.rows.iloc[0].to_dict())
-    unseen = recipe.decide(ChunkRequest.model_validate({**asked.model_dump(), "model": "llama-110m"}))
+    new_model = ChunkRequest.model_validate({**asked.model_dump(), "model": "llama-110m"})
+
+    def never(x: np.ndarray) -> np.ndarray:  # a spy, not a fake: a call would be the failure
+        raise AssertionError("the forests were asked about a kind the model does not know")
+
+    with monkeypatch.context() as m:
+        m.setattr(recipe, "members", never)
+        unseen = recipe.decide(new_model)
     assert unseen.deferred and unseen.chunk_size == unseen.anchor.chunk_size
+    sizes = [c.chunk_size for c in unseen.candidates]
+    analytic = np.exp(base_log_ms(feature_rows(recipe.hardware, new_model, sizes)))
+    assert [c.predicted_ttft_ms for c in unseen.candidates] == pytest.approx(analytic.tolist(), rel=1e-3)
+    assert all(c.predicted_peak_mb > 0 for c in unseen.candidates)  # the memory side is analytic: it still answers
+    assert gains_of(unseen) == ()
     own = feature_rows(recipe.hardware, asked, [64])  # its own shape, on its own machine: the model decides
     assert recipe.knows(asked.hardware.hardware_id, asked.backend, asked.attn_impl, own)
 

@@ -142,6 +142,45 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     predictor.close()
 
 
+def test_a_kind_the_model_does_not_know_is_answered_with_the_anchors_size_at_once_until_its_prefills_teach_it(
+    trained_store, known_machine
+):
+    """A model shape none of the rows ran: the recipe's decision there is the anchor's size, so the
+    service answers it from one feature row per size (no forest, no cell built in the request) and
+    says why; the cell builds behind and answers the same size. Once the correction has learnt a
+    prefill of that shape on this machine, the model decides its cells."""
+    from datetime import UTC, datetime
+
+    from chunkpilot.contract import Outcome
+    from predictor.model import UNKNOWN_KIND, load_predictor
+
+    predictor = load_predictor(trained_store, "chunk-size-predictor", "champion", tabled=True)
+    predictor.budget = 1.0  # deciding now is always worth it: only not knowing sends the anchor
+    ask = ChunkRequest(context_length=3000, model="llama-110m", hardware=known_machine)
+    first = predictor.answer(ask)
+    assert (first.source, first.span, first.deferred, first.reason) == ("anchor", None, True, UNKNOWN_KIND)
+    assert first.chunk_size == first.anchor.chunk_size == predictor.exact_answer(ask).chunk_size
+    assert predictor.recipe.table.wait(120)
+    tabled = predictor.answer(ask)  # its cell, built behind
+    assert (tabled.source, tabled.chunk_size, tabled.deferred) == ("table", first.chunk_size, True)
+    assert gains_of(tabled) == ()  # nothing worth exploring where the model did not price the candidates
+    taught = Outcome(
+        request=ask.model_copy(update={"context_length": 1000}),
+        chunk_size=256,
+        source="service",
+        tokenize_ms=1.0,
+        prefill_ms=4100.0,
+        first_decode_ms=2.0,
+        ttft_ms=4103.5,
+        chunk_ms=[999.0, 999.5, 1000.0, 1001.5],  # above the floor of what this machine can do
+        finished_at=datetime.now(UTC),
+    )
+    assert predictor.learn([predictor.check(taught)]) == 1
+    learnt = predictor.answer(ask.model_copy(update={"context_length": 9000}))  # a cell not built: built now
+    assert learnt.source == "table" and len(gains_of(learnt)) > 0  # the model priced its candidates
+    predictor.close()
+
+
 def test_a_cell_built_in_a_request_after_a_learn_leaves_the_kinds_older_cells_due_for_a_rebuild(trained_store):
     """A learn makes a kind's built cells due for a rebuild with the new correction; a cell a
     request builds meanwhile (with the new correction) does not mark the older ones rebuilt."""

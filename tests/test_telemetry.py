@@ -74,10 +74,11 @@ def test_auto_prefills_land_in_the_partition_as_dataset_rows(service, engines):
     assert 'chunkpilot_outcomes_total{result="accepted"} 3.0' in metrics
 
 
-def test_the_service_learns_this_machine_from_each_outcome_without_a_retrain(trained_store, tmp_path):
+def test_the_service_learns_this_machine_from_each_outcome_without_a_retrain(trained_store, known_machine, tmp_path):
     """Accepted outcomes move the served predictions at once (the per-chunk correction); a restarted
     service learns the same again from the outcomes kept in its telemetry."""
-    ask = ChunkRequest(context_length=1000, model="llama-tiny", hardware=HARDWARE, candidates=[256, 512])
+    ask = ChunkRequest(context_length=1000, model="llama-tiny", hardware=known_machine, candidates=[256, 512])
+    asked = ask.model_copy(update={"candidates": None}).model_dump(mode="json")
     settings = Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path)
 
     def predicted(url: str) -> dict[int, float]:
@@ -86,7 +87,8 @@ def test_the_service_learns_this_machine_from_each_outcome_without_a_retrain(tra
 
     with serve(create_app(settings)) as url:
         before = predicted(url)
-        slow = [outcome(chunk_ms=[99.0] * 4, prefill_ms=400.0, ttft_ms=403.5) for _ in range(10)]  # 256s measured slow
+        # 256s measured slow (and above the plausibility floor of the profiled machine's own measurement)
+        slow = [outcome(request=asked, chunk_ms=[999.0] * 4, prefill_ms=4000.0, ttft_ms=4003.5) for _ in range(10)]
         assert httpx.post(f"{url}/v1/feedback", json={"outcomes": slow}).json()["accepted"] == 10
         after = predicted(url)  # not a cached answer: the correction changed it
         assert httpx.get(f"{url}/v1/model").json()["learnt_from_prefills"] == 10
