@@ -532,14 +532,17 @@ class Decision(BaseModel):
     )
     deferred: bool = Field(
         default=False,
-        description="do-no-harm kept the anchor's size: the predicted saving was within the members' spread",
+        description="the anchor's size was kept: do-no-harm found the predicted saving within the members' spread, "
+        "or the model does not know this kind of request (a model shape, machine, backend or kernel it never saw)",
     )
     span: tuple[int, int] | None = Field(
         default=None,
         description="the lengths [first, last] of this kind of request the answer holds for (a chunk_size "
         "equal to the length: each one's whole prompt); null: for this length only",
     )
-    reason: str | None = Field(default=None, description="why a fallback fell back")
+    reason: str | None = Field(
+        default=None, description="why a fallback fell back, or why the anchor decided a kind the model does not know"
+    )
     top: list[Candidate] = Field(
         default_factory=list, description="the fastest candidates by the model's prediction, fastest first"
     )

@@ -146,7 +146,7 @@ def format_report(report: dict) -> str:
         f"window    {window}",
         f"prompt    {report['context_length']} tokens, {chunks} ({report['decision']['source']}) "
         f"-> {report['num_chunks']} chunks",
-        *([f"fallback  {report['decision']['reason']}"] if report["decision"]["reason"] else []),
+        *([f"why       {report['decision']['reason']}"] if report["decision"]["reason"] else []),
         f"memory    KV cache {report['kv_cache_bytes'] / 2**20:.1f} MiB, "
         f"peak {report['peak_memory_bytes'] / 2**20:.0f} MiB",
         f"runtime   {rt['allocator']}; torch {rt['torch_version']}, transformers {rt['transformers_version']}",

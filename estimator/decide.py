@@ -255,7 +255,7 @@ def _decision(
         for c, m, p in zip(chunks, ms, peaks, strict=True)
     ]
     gains: tuple[Gain, ...] = ()  # nothing to explore where the model did not price the candidates
-    if choice.gain_sd is not None:
+    if choice.priced:
         gaps = (choice.log_ms - choice.log_ms[best]).tolist()
         gains = tuple(
             Gain(chunks[i], ms[i] / ms[best], expected_gain(gaps[i], max(float(choice.gain_sd[i]), GAP_SD_FLOOR)))
@@ -263,7 +263,7 @@ def _decision(
             if i != best
         )
     schedule = None
-    if request.schedule and isinstance(recipe.cost, PerChunk):
+    if request.schedule and isinstance(recipe.cost, PerChunk) and choice.priced:
         att = request.attention
         limit = max_chunk(n, att.window, att.layout)
         if fits is not None:  # a budget: no chunk above the largest size that fits it

@@ -74,8 +74,14 @@ class Choice:
     deferred: bool  # do-no-harm took the anchor's size
     log_ms: np.ndarray  # [candidates] the members' mean (deferred unknowing: the analytic estimate)
     # [candidates] the members' standard deviation of (candidate - choice); None: the members were not
-    # asked (a kind the model does not know), so no gap is worth exploring
+    # asked (a kind the model does not know)
     gain_sd: np.ndarray | None
+
+    @property
+    def priced(self) -> bool:
+        """Whether the members priced the candidates: else no gap is worth exploring and no chunk
+        worth scheduling (the anchor's uniform plan runs, and teaches the correction)."""
+        return self.gain_sd is not None
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def test_a_model_shape_no_training_row_ran_gets_the_anchors_size_on_a_machine_th
     """Held out by model shape, the model's guesses lose to the strongest baseline (docs/training.md):
     a request of a shape none of its rows ran is answered with the anchor's size, saying it deferred,
     without asking the forests (most of a decision's time): every candidate priced by the analytic
-    estimate, and no gap worth exploring."""
+    estimate, no gap worth exploring, and no schedule (the anchor's uniform plan runs, and teaches)."""
     from chunkpilot.features import base_log_ms
     from estimator.decide import feature_rows, gains_of
 
@@ -128,7 +128,9 @@ def test_a_model_shape_no_training_row_ran_gets_the_anchors_size_on_a_machine_th
 
     with monkeypatch.context() as m:
         m.setattr(recipe, "members", never)
+        m.setattr(recipe, "chunk_ms", never)
         unseen = recipe.decide(new_model)
+        assert recipe.decide(new_model.model_copy(update={"schedule": True})).schedule is None
     assert unseen.deferred and unseen.chunk_size == unseen.anchor.chunk_size
     sizes = [c.chunk_size for c in unseen.candidates]
     analytic = np.exp(base_log_ms(feature_rows(recipe.hardware, new_model, sizes)))

@@ -23,16 +23,23 @@ from predictor.model import load_predictor
 from predictor.settings import Settings
 from store.registry import CHAMPION, MODEL_NAME
 
-HARDWARE = Hardware(matmul_gflops=250.0, bandwidth_gbs=40.0, call_overhead_ms=0.9, cores=2)
+
+@pytest.fixture(scope="module")
+def machine(known_machine) -> Hardware:
+    """The profiled machine: the model schedules only where it knows the kind (elsewhere the anchor's
+    uniform plan runs)."""
+    return Hardware(**known_machine)
+
+
 ATTENTION = [{"window": None}, {"window": 512}, {"window": 256, "layout": "ring"}]
 
 
 @pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("n", [300, 2000, 5000])
-def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(trained_store, n, attention):
+def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(trained_store, machine, n, attention):
     predictor = load_predictor(trained_store, MODEL_NAME, CHAMPION)
     assert predictor.info["schedules"]  # the small dataset has per-chunk times
-    request = ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=HARDWARE, schedule=True)
+    request = ChunkRequest(context_length=n, model="llama-tiny", attention=attention, hardware=machine, schedule=True)
     answer = predictor.answer(request)
     att = request.attention
     att.check_schedule(answer.schedule, n)  # sizes that fit the layout, summing to the prompt
@@ -50,19 +57,19 @@ def test_the_schedule_fits_and_is_never_predicted_slower_than_a_uniform_size(tra
     assert predictor.answer(request.model_copy(update={"schedule": False})).schedule is None  # only when asked
 
 
-def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store, engines, tmp_path):
+def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store, machine, engines, tmp_path):
     engine = engines("llama-tiny")
     n, attention = 700, AttentionConfig(window=128, layout="ring")
     workload = Workload(n, attention)
     app = create_app(Settings(tracking_uri=trained_store, poll_interval_s=0, telemetry_dir=tmp_path))
     with serve(app) as url:
-        body = ask(engine.request(n, attention), HARDWARE, schedule=True)
+        body = ask(engine.request(n, attention), machine, schedule=True)
         answered = httpx.post(f"{url}/v1/chunk-size", json=body.model_dump(mode="json")).json()["schedule"]
-        policy = AutoPolicy(url, 2.0, HARDWARE, schedule=True)
+        policy = AutoPolicy(url, 2.0, machine, schedule=True)
         served = engine.run(workload, policy)
         again = engine.run(workload, policy)  # from the client's cache, schedule and all
         policy.close()
-    in_process = InProcessPolicy(trained_store, HARDWARE, schedule=True)
+    in_process = InProcessPolicy(trained_store, machine, schedule=True)
     local = engine.run(workload, in_process)
     plain = engine.run(workload, FixedPolicy(128))
     assert served.schedule == answered == local.schedule and served.decision.source == "service"
@@ -71,7 +78,7 @@ def test_auto_runs_the_answered_schedule_with_the_same_first_token(trained_store
     assert served.first_token == plain.first_token
 
 
-def test_the_search_stays_small_for_any_request(trained_store):
+def test_the_search_stays_small_for_any_request(trained_store, machine):
     """Steps and boundaries are capped, so an adversarial request (the longest prompt, one-token
     candidates) cannot make the service slow: it answers without a schedule when even the best
     size would need too many boundaries."""
@@ -82,7 +89,7 @@ def test_the_search_stays_small_for_any_request(trained_store):
 
     def ask(candidates):
         return predictor.answer(
-            ChunkRequest(context_length=n, model="llama-tiny", hardware=HARDWARE, candidates=candidates, schedule=True)
+            ChunkRequest(context_length=n, model="llama-tiny", hardware=machine, candidates=candidates, schedule=True)
         )
 
     assert ask([1, 3]).schedule is None
