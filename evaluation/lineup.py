@@ -40,7 +40,7 @@ def charge_table_builds(
     kind_of: Callable[[PromptResult], str], tables: Callable[[], tuple[int, int, float]], timeout_s: float = 600.0
 ) -> Callable[[list[PromptResult]], None]:
     """An `after_first` for evaluate: wait until every kind the tables know is built (`tables`:
-    (kinds, kinds built, every background build's seconds)), then charge the seconds per kind to
+    (kinds, kinds built, every background build's CPU seconds)), then charge the seconds per kind to
     auto's first prompt of each kind (`kind_of`): the builds ran on the cores the engine runs on (a
     cell built in the request that asked is in that first decision's own time)."""
 

@@ -40,8 +40,8 @@ class TableSummary(BaseModel):
     last_build_s: float | None = Field(description="the latest build's seconds; null: none yet")
     build_s_total: float = Field(
         0.0,
-        description="every background build's seconds since start: what the tables cost the cores besides the "
-        "requests that asked (a cell built in a request is in its own time)",
+        description="every background build's CPU seconds since start: what the tables cost the cores besides "
+        "the requests that asked (a cell built in a request is in its own time)",
     )
 
 

@@ -60,14 +60,18 @@ def test_compiled_predictions_equal_lightgbms_and_compile_once_per_forest(tmp_pa
 
 def test_a_served_recipe_decides_the_same_with_compiled_forests(trained_store, tmp_path, monkeypatch):
     """Judged == served: the service compiles in the background and its decisions stay the recipe's,
-    to the last digit of every candidate's predicted TTFT."""
+    to the last digit of every candidate's predicted TTFT; what deciding costs (the budget's measure)
+    is measured again on them."""
     from predictor.model import load_predictor
 
     monkeypatch.setenv("CHUNKPILOT_CACHE_DIR", str(tmp_path))
     plain = load_predictor(trained_store, "chunk-size-predictor", "champion", compiled=False)
     compiled = load_predictor(trained_store, "chunk-size-predictor", "champion", compiled=True)
+    at_load = compiled.decision_ms  # the smoke request's, on LightGBM's predictor
     compiled.forests.join(300)
     assert compiled.compile_s is not None and plain.compile_s is None
+    # the decision budget weighs what a decision costs now: measured again on the compiled forests
+    assert 0 < compiled.decision_ms != at_load
     machine = {"hardware_id": next(iter(plain.recipe.hardware))}
     for n, window in [(700, None), (3000, None), (5000, 1024), (9000, 2048)]:
         ask = ChunkRequest(

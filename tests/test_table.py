@@ -142,6 +142,27 @@ def test_the_service_answers_from_the_table_once_built_else_the_recipe_or_the_an
     predictor.close()
 
 
+def test_a_background_build_is_charged_its_cpu_not_the_time_it_waited():
+    """A stand-in decision that sleeps (unit test): the builder thread's wall time counts the
+    wait, the table's charge to the cores (`build_s_total`, what the demo charges auto's first
+    prefill of a kind) only the CPU it used."""
+    import time
+
+    from estimator.table import DecisionTable
+
+    class Sleeper:
+        def decide_many(self, request: ChunkRequest, lengths: list[int]) -> list[None]:
+            time.sleep(0.2)  # waiting, as a build does for the GIL while requests are answered
+            return [None] * len(lengths)  # no decision: the cell is left out, the build still charged
+
+    sleeper = Sleeper()
+    table = DecisionTable(sleeper.decide_many)
+    table.want(ChunkRequest(context_length=3000, model="llama-tiny", hardware={"hardware_id": "m"}))
+    assert table.wait(10)
+    assert table.built_s[-1] >= 0.2 and table.build_s_total < 0.1
+    table.close()
+
+
 def test_a_kind_the_model_does_not_know_is_answered_with_the_anchors_size_at_once_until_its_prefills_teach_it(
     trained_store, known_machine
 ):
