@@ -218,11 +218,12 @@ class DecisionTable:
                 found = self._segments(kind.request, cells)
             except Exception:  # a build that fails leaves its cells to the request path, never the thread dead
                 found = []
+            # counted before the cells are kept: whoever sees them built (`wait`) sees their cost
+            self.built_s.append(time.perf_counter() - start)
+            self.build_s_total += time.thread_time() - cpu
             self._keep(kind, cells, found, generation)
             if rebuild:
                 kind.built_at = time.monotonic()
-            self.built_s.append(time.perf_counter() - start)
-            self.build_s_total += time.thread_time() - cpu
 
     def _segments(self, request: ChunkRequest, cells: list[tuple[int, int]]) -> list[Segment[Decision]]:
         """The cells' segments for the request's kind (no segment where no candidate fits)."""
