@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -117,12 +118,7 @@ class Predictor:
         The compiled forests decide several times faster than LightGBM's predictor, which priced the
         load's smoke request: the budget is measured again on them."""
         self.recipe.decide(request)
-        took = []
-        for _ in range(times):
-            start = time.perf_counter()
-            self.recipe.decide(request)
-            took.append((time.perf_counter() - start) * 1e3)
-        return min(took)
+        return min(timeit.repeat(lambda: self.recipe.decide(request), repeat=times, number=1)) * 1e3
 
     def answer(self, request: ChunkRequest) -> Decision:
         """The recipe's decision table's answer (estimator.table). Where its cell is not built yet, it
