@@ -27,7 +27,9 @@ state: whatever it caches, it may use). The savings are printed gross, warm (eac
 its steady decision) and cold (its first decision and whatever else its first request of the kind
 costs, such as a decision table built on the engine's cores: `after_first` says), with the
 decisions' times (judge.savings). The strongest baseline is the policy other than `auto`
-with the lowest total TTFT over the prompts they all ran; `auto` is printed against it first.
+with the lowest total TTFT over the prompts they all ran; `auto` is printed against it first, then
+the measured best of each prompt, picked in hindsight, against it: the most any policy could have
+saved here (judge.savings.hindsight).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from engine.measure import interleaved
 from engine.policy import ChunkPolicy
 from engine.workload import Workload
 from judge.regret import regret_of
-from judge.savings import Saving, bootstrap_savings
+from judge.savings import HINDSIGHT, Saving, bootstrap_savings, hindsight
 
 from .rounds import every_size
 from .rounds import steps as size_steps
@@ -272,6 +274,14 @@ def format_evaluation(ev: Evaluation) -> str:
             f"95% CI [{s.low:+.1%}, {s.high:+.1%}] -> {_verdict(s.low, s.high)}; net warm {s.warm:+.1%} "
             f"[{s.warm_low:+.1%}, {s.warm_high:+.1%}]; net cold {s.cold:+.1%} [{s.cold_low:+.1%}, {s.cold_high:+.1%}] "
             f"-> {_verdict(s.cold_low, s.cold_high)}"
+        )
+    bound = hindsight(ev.prompts, strongest) if strongest else None
+    if bound is not None:
+        lines.append(
+            f"{HINDSIGHT} of each prompt, picked in hindsight, vs {strongest}: {bound.saving:+.1%} "
+            f"[{bound.low:+.1%}, {bound.high:+.1%}] gross, {bound.cold:+.1%} [{bound.cold_low:+.1%}, "
+            f"{bound.cold_high:+.1%}] against its net cold: the most any policy could have saved on these prompts "
+            "(picked on the rounds it is scored on, so it errs high)"
         )
     lines.append(
         "(saved: per prompt, 1 - the median over rounds of the two sizes' ratio in the same round, weighted by the "

@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from judge.savings import hindsight
+
 RESULTS = Path("results/runs.jsonl")  # in the working directory; $CHUNKPILOT_RESULTS elsewhere (the tests' own)
 
 
@@ -51,7 +53,8 @@ def stamp(command: str) -> dict:
 
 def race_record(ev, command: str, seed: int | None, backend: str, model: str) -> dict:
     """A race's record (evaluation.comparison.Evaluation): each prompt's choices and medians, each
-    saving of auto gross, warm and cold with its interval, and the strongest baseline."""
+    saving of auto gross, warm and cold with its interval, the strongest baseline, and what the
+    measured best, picked in hindsight, saves over it (judge.savings.hindsight)."""
     prompts = [
         {
             "prompt": p.case.label,
@@ -75,6 +78,8 @@ def race_record(ev, command: str, seed: int | None, backend: str, model: str) ->
         for s in ev.savings
     ]
     regret = {n: ev.mean_regret(n) for n in ev.policies}
+    strongest = ev.strongest()
+    bound = hindsight(ev.prompts, strongest)
     return {
         **stamp(command),
         "kind": "race",
@@ -83,7 +88,10 @@ def race_record(ev, command: str, seed: int | None, backend: str, model: str) ->
         "seed": seed,
         "rounds": ev.rounds,
         "policies": list(ev.policies),
-        "strongest": ev.strongest(),
+        "strongest": strongest,
+        "hindsight": None
+        if bound is None
+        else {"gross": [bound.saving, bound.low, bound.high], "cold": [bound.cold, bound.cold_low, bound.cold_high]},
         "mean_regret": regret,
         "prompts": prompts,
         "savings": savings,
@@ -180,6 +188,12 @@ def _saving(record: dict, reference: str) -> dict | None:
     return next((s for s in record["savings"] if s["reference"] == reference), None)
 
 
+def _bound(record: dict) -> str:
+    """The hindsight bound of a race (recorded since 2026-12-07; older records: n/a)."""
+    found = record.get("hindsight")
+    return f"{_ci(found['gross'])} ({found['cold'][0]:+.1%})" if found else "n/a"
+
+
 def _prompts_label(record: dict) -> str:
     """Drawn prompts name their seed; lengths given on the command line are in its command."""
     return "given prompts" if record["seed"] is None else f"prompts of seed {record['seed']}"
@@ -198,8 +212,9 @@ def render_results(records: Iterable[dict]) -> str:
         "### Races: `auto` against the strongest baseline of each run",
         "",
         "| date | commit | machine | command | model | seed | strongest baseline | auto vs it, gross | net warm "
-        "| net cold | auto vs hand rule, net cold | mean regret auto / strongest | rounds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| net cold | measured best vs it, in hindsight: gross (net cold) | auto vs hand rule, net cold "
+        "| mean regret auto / strongest | rounds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in races:
         strongest = _saving(r, r["strongest"])
@@ -207,7 +222,7 @@ def render_results(records: Iterable[dict]) -> str:
         lines.append(
             f"| {r['when'][:10]} | {r['commit']} | {_machine_label(r)} | `{r['command']}` | {r['model']} | {r['seed']} "
             f"| {r['strongest']} | {_ci(strongest['gross'])} | {_ci(strongest['warm'])} | {_ci(strongest['cold'])} "
-            f"| {_ci(rule['cold']) if rule else 'n/a'} "
+            f"| {_bound(r)} | {_ci(rule['cold']) if rule else 'n/a'} "
             f"| {r['mean_regret']['auto']:.1%} / {r['mean_regret'][r['strongest']]:.1%} | {r['rounds']} |"
         )
     lines += [

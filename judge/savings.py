@@ -5,7 +5,12 @@ its 95% interval a bootstrap over each prompt's rounds. Three figures, each in t
 bootstrap: gross (the prefills alone); warm (each policy charged its steady decision, the median
 of those timed round by round: what a request of a kind already seen pays); cold (each policy
 charged its first decision, nothing cached, plus what else its first request of a kind costs: a
-decision table built on the cores the engine runs on, `PromptResult.cold_extra_ms`)."""
+decision table built on the cores the engine runs on, `PromptResult.cold_extra_ms`).
+
+`hindsight` is the same saving for the measured best of each prompt, picked after the race at no
+decision cost: what a policy that always knew the fastest size would save. It is picked on the
+rounds it is scored on, so it errs high: no policy that decides before the prefill can expect to
+save more over the same reference on these prompts."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import numpy as np
 from .intervals import resampled_rounds
 
 RESAMPLES = 2000
+HINDSIGHT = "measured best"  # the policy name of the hindsight bound (module docstring)
 
 
 class Raced(Protocol):
@@ -24,6 +30,9 @@ class Raced(Protocol):
 
     choices: dict[str, int]  # policy -> the size it chose
     times: dict[int, list[float]]  # size -> TTFT ms per round
+
+    @property
+    def best(self) -> int: ...  # the size of the lowest median
 
     def median(self, size: int) -> float: ...
     def steady_ms(self, policy: str) -> float: ...
@@ -65,8 +74,11 @@ def bootstrap_savings(prompts: list[Raced], pairs: list[tuple[str, str]], seed: 
         weights = np.array([p.median(p.choices[reference]) for _, p in both])  # [P] the reference's TTFT
         point, boot = np.zeros((3, len(both))), np.zeros((3, RESAMPLES, len(both)))  # gross, warm, cold
         for j, (k, p) in enumerate(both):
-            # [R] the same round, moments apart (every policy's size on a prompt is timed in the same rounds)
-            ours, theirs = np.asarray(p.times[p.choices[policy]]), np.asarray(p.times[p.choices[reference]])
+            # [R] the same round, moments apart: every size's times are rounds 1 to its last (a size
+            # left out of the race is not timed again), so the two share their first R rounds
+            ours, theirs = p.times[p.choices[policy]], p.times[p.choices[reference]]
+            rounds = min(len(ours), len(theirs))
+            ours, theirs = np.asarray(ours[:rounds]), np.asarray(theirs[:rounds])
             draws = resampled_rounds(len(ours), RESAMPLES, np.random.default_rng([seed, k]))  # [B, R]
             charges = [
                 (0.0, 0.0),
@@ -83,3 +95,39 @@ def bootstrap_savings(prompts: list[Raced], pairs: list[tuple[str, str]], seed: 
             figures += [float(point[i] @ share), float(low), float(high)]
         out.append(Saving(policy, reference, len(both), *figures))
     return out
+
+
+@dataclass(frozen=True)
+class _Hindsight:
+    """A raced prompt with one policy more: its measured best, chosen after the race, deciding free."""
+
+    prompt: Raced
+
+    @property
+    def choices(self) -> dict[str, int]:
+        return {**self.prompt.choices, HINDSIGHT: self.prompt.best}
+
+    @property
+    def times(self) -> dict[int, list[float]]:
+        return self.prompt.times
+
+    @property
+    def best(self) -> int:
+        return self.prompt.best
+
+    def median(self, size: int) -> float:
+        return self.prompt.median(size)
+
+    def steady_ms(self, policy: str) -> float:
+        return 0.0 if policy == HINDSIGHT else self.prompt.steady_ms(policy)
+
+    def cold_ms(self, policy: str) -> float:
+        return 0.0 if policy == HINDSIGHT else self.prompt.cold_ms(policy)
+
+
+def hindsight(prompts: list[Raced], reference: str, seed: int = 0) -> Saving | None:
+    """What the measured best of each prompt saves over `reference` (module docstring: an upper
+    bound); None where the reference ran no prompt. Its warm and cold figures charge the reference
+    its own decisions and the measured best none."""
+    found = bootstrap_savings([_Hindsight(p) for p in prompts], [(HINDSIGHT, reference)], seed)
+    return found[0] if found else None

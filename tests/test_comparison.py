@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from statistics import median
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from chunkpilot.contract import AttentionConfig, ChunkRequest
 from engine.policy import FixedPolicy, FullPolicy, RulePolicy
 from engine.workload import Workload
 from evaluation.comparison import PromptResult, evaluate, format_evaluation, raced_out, still_compared
-from judge.savings import Saving, bootstrap_savings
+from judge.savings import Saving, bootstrap_savings, hindsight
 
 
 def test_same_choice_same_time_no_negative_regret_and_rounds_only_of_what_is_still_compared(engines):
@@ -121,6 +122,26 @@ def test_saving_is_a_share_of_the_reference_s_total_ttft_with_an_interval_around
     (saving,) = bootstrap_savings(prompts, [("a", "b")])
     assert saving.saving == pytest.approx(0.5 * 100 / 400)  # the median round's ratio is 50 / 100
     assert 0.1 < saving.low < saving.saving < saving.high < 0.15
+
+
+def test_hindsight_is_the_measured_best_of_each_prompt_deciding_free_over_the_rounds_both_ran():
+    """Made-up round times (not measurements): on the first prompt 256 is the fastest, timed in the
+    full rounds only (two), on the second the reference's own size is; the reference took 2 ms to
+    decide the first time. The bound reads the two rounds 256 and the reference share."""
+    first = {256: [50.0, 60.0], 1024: [100.0, 120.0, 100.0, 100.0, 100.0]}
+    second = {512: [100.0, 101.0, 99.0], 2048: [130.0, 131.0, 129.0]}
+    prompts = [
+        PromptResult(Workload(2048), {"rule": 1024}, {}, first, first_decision_ms={"rule": 2.0}),
+        PromptResult(Workload(4096), {"rule": 512}, {}, second, first_decision_ms={"rule": 2.0}),
+    ]
+    bound = hindsight(prompts, "rule")
+    # half of the first prompt's 100 ms; nothing of the second's: 50 ms of 200
+    assert (bound.policy, bound.prompts) == ("measured best", 2)
+    assert (bound.saving, bound.low, bound.high) == (0.25, 0.25, 0.25)
+    # net cold, the reference pays its first decision on each prompt and the measured best nothing
+    first_cold, second_cold = 1 - median([50 / 102, 60 / 122]), 1 - median([100 / 102, 101 / 103, 99 / 101])
+    assert bound.cold == pytest.approx((first_cold + second_cold) / 2)
+    assert hindsight(prompts, "nobody") is None
 
 
 def test_settled_means_narrow_whichever_side_of_zero():

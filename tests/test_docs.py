@@ -140,3 +140,32 @@ def test_the_results_pages_are_what_the_run_records_render():
 
     for page, text in rendered(ROOT, read_records(ROOT / "results" / "runs.jsonl")).items():
         assert page.read_text() == text, f"{page.name} differs from its records: run .venv/bin/chunkpilot results"
+
+
+def test_a_race_s_row_shows_its_hindsight_bound_and_older_records_say_they_have_none():
+    """Made-up records (not measurements): the results page's race table reads each record's
+    hindsight bound (judge.savings.hindsight), gross with its net cold; records from before it, n/a."""
+    from evaluation.records import render_results
+
+    race = {
+        "kind": "race",
+        "when": "2026-12-07T08:00:00+00:00",
+        "commit": "abc1234",
+        "device_name": "AMD EPYC",
+        "hardware_id": "0123456789ab",
+        "command": "make demo",
+        "model": "llama-tiny",
+        "seed": 7,
+        "rounds": 12,
+        "policies": ["auto", "one shot"],
+        "strongest": "one shot",
+        "mean_regret": {"auto": 0.01, "one shot": 0.02},
+        "savings": [{"reference": "one shot", "gross": [0.01, -0.01, 0.03], "warm": [0.01, -0.01, 0.03]}],
+        "hindsight": {"gross": [0.02, 0.005, 0.04], "cold": [0.021, 0.006, 0.041]},
+    }
+    race["savings"][0]["cold"] = [0.0, -0.02, 0.02]
+    older = {key: value for key, value in race.items() if key != "hindsight"} | {"when": "2026-12-01T08:00:00+00:00"}
+    rows = [line for line in render_results([race, older]).splitlines() if "| abc1234 |" in line]
+    # after auto's net cold against the strongest: the bound, then auto against the hand rule (none here)
+    assert "| +0.0% [-2.0%, +2.0%] | +2.0% [+0.5%, +4.0%] (+2.1%) | n/a |" in rows[0]
+    assert "| +0.0% [-2.0%, +2.0%] | n/a | n/a |" in rows[1]
