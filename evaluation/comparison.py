@@ -28,7 +28,7 @@ its steady decision) and cold (its first decision and whatever else its first re
 costs, such as a decision table built on the engine's cores: `after_first` says), with the
 decisions' times (judge.savings). The strongest baseline is the policy other than `auto`
 with the lowest total TTFT over the prompts they all ran; `auto` is printed against it first, then
-the measured best of each prompt, picked in hindsight, against it: the most any policy could have
+the best size of each prompt, picked in hindsight, against it: the most any policy could have
 saved here (judge.savings.hindsight).
 """
 
@@ -278,10 +278,11 @@ def format_evaluation(ev: Evaluation) -> str:
     bound = hindsight(ev.prompts, strongest) if strongest else None
     if bound is not None:
         lines.append(
-            f"{HINDSIGHT} of each prompt, picked in hindsight, vs {strongest}: {bound.saving:+.1%} "
-            f"[{bound.low:+.1%}, {bound.high:+.1%}] gross, {bound.cold:+.1%} [{bound.cold_low:+.1%}, "
-            f"{bound.cold_high:+.1%}] against its net cold: the most any policy could have saved on these prompts "
-            "(picked on the rounds it is scored on, so it errs high)"
+            f"{HINDSIGHT} vs {strongest}: {bound.saving:+.1%} [{bound.low:+.1%}, {bound.high:+.1%}] gross, "
+            f"net cold {bound.cold:+.1%} [{bound.cold_low:+.1%}, {bound.cold_high:+.1%}]: the most any policy "
+            f"could have saved on these prompts (on each, the size that saved the most over {column(strongest)} "
+            "in the rounds both ran, picked after the race at no decision cost, on the rounds it is scored on: "
+            "it errs high)"
         )
     lines.append(
         "(saved: per prompt, 1 - the median over rounds of the two sizes' ratio in the same round, weighted by the "

@@ -53,8 +53,8 @@ def stamp(command: str) -> dict:
 
 def race_record(ev, command: str, seed: int | None, backend: str, model: str) -> dict:
     """A race's record (evaluation.comparison.Evaluation): each prompt's choices and medians, each
-    saving of auto gross, warm and cold with its interval, the strongest baseline, and what the
-    measured best, picked in hindsight, saves over it (judge.savings.hindsight)."""
+    saving of auto gross, warm and cold with its interval, the strongest baseline, and what the best
+    size of each prompt, picked in hindsight, saves over it (judge.savings.hindsight)."""
     prompts = [
         {
             "prompt": p.case.label,
@@ -212,7 +212,7 @@ def render_results(records: Iterable[dict]) -> str:
         "### Races: `auto` against the strongest baseline of each run",
         "",
         "| date | commit | machine | command | model | seed | strongest baseline | auto vs it, gross | net warm "
-        "| net cold | measured best vs it, in hindsight: gross (net cold) | auto vs hand rule, net cold "
+        "| net cold | best in hindsight vs it: gross (net cold) | auto vs hand rule, net cold "
         "| mean regret auto / strongest | rounds |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

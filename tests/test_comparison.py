@@ -124,23 +124,27 @@ def test_saving_is_a_share_of_the_reference_s_total_ttft_with_an_interval_around
     assert 0.1 < saving.low < saving.saving < saving.high < 0.15
 
 
-def test_hindsight_is_the_measured_best_of_each_prompt_deciding_free_over_the_rounds_both_ran():
-    """Made-up round times (not measurements): on the first prompt 256 is the fastest, timed in the
-    full rounds only (two), on the second the reference's own size is; the reference took 2 ms to
-    decide the first time. The bound reads the two rounds 256 and the reference share."""
+def test_hindsight_picks_per_prompt_the_size_that_saved_most_in_the_rounds_it_shares_with_the_reference():
+    """Made-up round times (not measurements), the reference `rule` deciding in 2 ms the first time.
+    First prompt: 256 halves the rule's 1024 in the two full rounds it was timed. Second: the rule's
+    own size is the fastest. Third: 512 has the lower median over its own rounds, but it ran only in
+    the first two, where the rule's size was faster still: in hindsight the rule's size, saving 0."""
     first = {256: [50.0, 60.0], 1024: [100.0, 120.0, 100.0, 100.0, 100.0]}
     second = {512: [100.0, 101.0, 99.0], 2048: [130.0, 131.0, 129.0]}
+    third = {512: [90.0, 90.0], 1024: [80.0, 80.0, 100.0, 100.0, 100.0]}
     prompts = [
-        PromptResult(Workload(2048), {"rule": 1024}, {}, first, first_decision_ms={"rule": 2.0}),
-        PromptResult(Workload(4096), {"rule": 512}, {}, second, first_decision_ms={"rule": 2.0}),
+        PromptResult(Workload(n), {"rule": rule}, {}, times, first_decision_ms={"rule": 2.0})
+        for n, rule, times in ((2048, 1024, first), (4096, 512, second), (3000, 1024, third))
     ]
+    assert prompts[2].best == 512  # the lowest median: not what the saving reads
     bound = hindsight(prompts, "rule")
-    # half of the first prompt's 100 ms; nothing of the second's: 50 ms of 200
-    assert (bound.policy, bound.prompts) == ("measured best", 2)
-    assert (bound.saving, bound.low, bound.high) == (0.25, 0.25, 0.25)
-    # net cold, the reference pays its first decision on each prompt and the measured best nothing
-    first_cold, second_cold = 1 - median([50 / 102, 60 / 122]), 1 - median([100 / 102, 101 / 103, 99 / 101])
-    assert bound.cold == pytest.approx((first_cold + second_cold) / 2)
+    # half of the first prompt's 100 ms, nothing of the others' 100 each: 50 ms of 300
+    assert (bound.policy, bound.prompts) == ("best in hindsight", 3)
+    assert (bound.saving, bound.low, bound.high) == pytest.approx((1 / 6, 1 / 6, 1 / 6))
+    # net cold: the reference pays its first decision on each prompt, the pick nothing
+    cold = [1 - median([50 / 102, 60 / 122]), 1 - median([100 / 102, 101 / 103, 99 / 101])]
+    cold.append(1 - median([80 / 82, 80 / 82, 100 / 102, 100 / 102, 100 / 102]))
+    assert bound.cold == pytest.approx(sum(cold) / 3)
     assert hindsight(prompts, "nobody") is None
 
 
