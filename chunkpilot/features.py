@@ -159,6 +159,12 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     # global tokens: seen by the queries past the window, about half of those on average
     outside = f["global_tokens"] * np.maximum(n - np.minimum(window, n), 0) / 2
     attended = _attended(local_layers, n, c, window) + local_layers * outside + _attended(global_layers, n, c, np.inf)
+    # the first chunk has no history: where it fits the window, any kernel but eager takes the plain
+    # causal path and scores its triangle, c(c + 1)/2 of its c^2 (chunk_features' `plain`); a later
+    # chunk, or a first one longer than the window (one shot under a window), its whole rectangle
+    attn_impl = _codes(rows["attn_impl"], ATTN_CODES)
+    plain = _where(attn_impl != ATTN_CODES["eager"], 1.0, 0.0)
+    attended = attended - plain * (local_layers * (c <= window) + global_layers) * c * (c - 1) / 2
     attention = 4 * heads * hd * attended
     kept = _where(has_window, np.minimum(n, window + f["sinks"] + f["global_tokens"]), n)
     kv_bytes = 2 * layers * kv * hd * kept * dtype_bytes
@@ -173,7 +179,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
         "local_fraction": local_layers / layers,
         "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
         "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
-        "dtype_bytes": dtype_bytes, "weight_bits": weight_bits, "attn_impl": _codes(rows["attn_impl"], ATTN_CODES),
+        "dtype_bytes": dtype_bytes, "weight_bits": weight_bits, "attn_impl": attn_impl,
         "backend": _codes(rows["backend"], BACKEND_CODES),
         "threads": f["threads"], "matmul_gflops": gflops, "bandwidth_gbs": f["bandwidth_gbs"],
         "call_overhead_ms": f["call_overhead_ms"], "cores": f["cores"],

@@ -80,6 +80,23 @@ def test_a_prompt_s_own_flops_count_each_query_against_the_keys_its_mask_keeps_w
     assert prefill_flops(row(sinks=0, chunk_size=4096)) == window  # the size the row ran at counts for nothing
 
 
+def test_a_first_chunk_within_the_window_scores_its_causal_triangle_one_shot_past_it_its_whole_square():
+    """A dense kernel's plain causal path (no history, no mask) computes a first chunk's triangle;
+    one shot under a shorter window needs a mask and scores every pair; eager has no plain path."""
+    layers, heads, hd = 12, 8, 64
+    n, c, w = 4096, 768, 1024
+
+    def attention(**change) -> float:
+        return build(row(sinks=0, **change))[0, FEATURES.index("attention_gflop")] * 1e9 / (4 * heads * hd * layers)
+
+    rectangle = keys_sum(n, c, w)  # every chunk's queries x the keys it holds, the first's c x c
+    assert attention() == pytest.approx(rectangle - c * (c - 1) / 2, rel=1e-12)
+    assert attention(attn_impl="eager") == pytest.approx(rectangle, rel=1e-12)
+    assert attention(chunk_size=n) == pytest.approx(n * n, rel=1e-12)  # one shot past the window: no plain path
+    no_window = attention(window=0, layout="none", chunk_size=n)
+    assert no_window == pytest.approx(n * (n + 1) / 2, rel=1e-12)  # one shot without one: the triangle
+
+
 def test_window_only_on_local_layers_of_interleaved_models():
     full = build(row(window=0, layout="none"))[0, FEATURES.index("attention_gflop")]
     all_local = build(row())[0, FEATURES.index("attention_gflop")]
