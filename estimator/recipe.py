@@ -6,7 +6,8 @@ The chooser takes the argmin of the members' mean predicted TTFT; with "do no ha
 `z` above 0), the anchor's size stays when the predicted saving over it is within a margin (6%)
 plus `z` (2) standard deviations of the members' disagreement about that saving, widened by the
 noise this machine's correction brings into the two sizes' predictions (chunkpilot.correction).
-The registered recipe, DEFAULT, is the plain argmin since FORMAT 10. The anchor is the strongest simple
+The registered recipe, DEFAULT, is the argmin (z 0) since FORMAT 10, which keeps the anchor only where
+the correction's noise alone covers the saving. The anchor is the strongest simple
 baseline of the request's machine, backend and kernel on the training rows (judge.lineup:
 one shot, the backend's default, the machine's best single size, the rules, fixed 1024), fitted
 with the cost model and saved with it: where the model cannot know better (a machine, backend or
@@ -75,7 +76,7 @@ class Choice:
     """What the chooser picks among one config's candidates, and how sure the members are of it."""
 
     index: int  # among the candidates
-    deferred: bool  # do-no-harm took the anchor's size
+    deferred: bool  # the anchor's size: do-no-harm took it, or the kind is one the model does not know
     log_ms: np.ndarray  # [candidates] the members' mean (deferred unknowing: the analytic estimate)
     # [candidates] the members' standard deviation of (candidate - choice); None: the members were not
     # asked (a kind the model does not know)
@@ -90,7 +91,7 @@ class Choice:
 
 @dataclass(frozen=True)
 class Chooser:
-    z: float = Z  # do no harm within z standard deviations of the predicted saving; 0: plain argmin
+    z: float = Z  # do no harm within z standard deviations of the predicted saving; 0: the argmin
     # and within this share of the anchor's TTFT: the members share their training data's biases, so
     # their agreement overstates a small saving (live, sizes predicted 2-5% faster than one shot lost
     # 5-12% to it)
@@ -104,10 +105,14 @@ class Chooser:
         to each difference; `fits` [candidates] those allowed (a memory budget; the anchor among them)."""
         mean = _mean(members)
         index, deferred = int(np.argmin(mean if fits is None else np.where(fits, mean, np.inf))), False
-        if self.z > 0 and anchor is not None and index != anchor:
+        if anchor is not None and index != anchor:
             saving = members[:, anchor] - members[:, index]  # [K] each member's own predicted saving
             added = 0.0 if noise is None else noise[anchor, index]
-            if saving.mean() <= np.log1p(self.margin) + self.z * np.sqrt(saving.var() + added):
+            # the argmin (z 0) still keeps the anchor where the correction's noise alone, at Z standard
+            # deviations, covers the saving: a size learnt from a few noisy prefills is not served on
+            # them (docs/telemetry.md); with nothing learnt, it is the plain argmin, as judged offline
+            doubt = np.log1p(self.margin) + self.z * np.sqrt(saving.var() + added) if self.z > 0 else Z * np.sqrt(added)
+            if saving.mean() <= doubt:
                 index, deferred = anchor, True
         gain_var = _var(members - members[:, [index]]) + (0.0 if noise is None else noise[:, index])
         return Choice(index, deferred, mean, np.sqrt(gain_var))

@@ -42,6 +42,18 @@ def test_do_no_harm_weighs_the_saving_against_the_noise_the_correction_brings():
     assert picked(Chooser(z=1.0), members, anchor=0, noise=unsure) == (0, True)
 
 
+def test_the_argmin_keeps_the_anchor_only_where_the_correction_s_noise_covers_the_saving():
+    """z 0 weighs no spread of the members, but a saving inside Z standard deviations of what the
+    correction's few prefills bring is not served on them; where it learnt nothing, the argmin."""
+    members = np.log([[100.0, 90.0], [100.5, 90.0], [99.5, 90.0]])  # 10% saved
+    assert picked(Chooser(z=0.0), members, anchor=0) == (1, False)
+    assert picked(Chooser(z=0.0), members, anchor=0, noise=np.zeros((2, 2))) == (1, False)
+    unsure = np.array([[0.0, 0.01], [0.01, 0.0]])  # +-10%: a 10% saving is inside 2 standard deviations
+    assert picked(Chooser(z=0.0), members, anchor=0, noise=unsure) == (0, True)
+    learnt = unsure / 16  # +-2.5%: outside
+    assert picked(Chooser(z=0.0), members, anchor=0, noise=learnt) == (1, False)
+
+
 def test_the_anchor_decides_for_a_machine_or_a_model_shape_the_model_never_saw():
     """The strongest simple baseline of a machine, backend and kernel is fitted from its own rows;
     a machine the rows do not hold (or a request that names none) gets the strongest of every

@@ -374,7 +374,8 @@ def format_result(result: TrainResult) -> str:
             )
     deferred = {n: m["all"]["deferred"] for n, m in result.metrics.items() if m["all"]["deferred"] > 0}  # NaN: no
     lines += [
-        f"{n}: do-no-harm took the anchor's size on {share:.0%} of held-out configs" for n, share in deferred.items()
+        f"{n}: the anchor's size on {share:.0%} of held-out configs (a kind the model does not know, or do-no-harm)"
+        for n, share in deferred.items()
     ]
     lines += [
         "",
