@@ -159,11 +159,15 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
     # global tokens: seen by the queries past the window, about half of those on average
     outside = f["global_tokens"] * np.maximum(n - np.minimum(window, n), 0) / 2
     attended = _attended(local_layers, n, c, window) + local_layers * outside + _attended(global_layers, n, c, np.inf)
-    # the first chunk has no history: where it fits the window, any kernel but eager takes the plain
-    # causal path and scores its triangle, c(c + 1)/2 of its c^2 (chunk_features' `plain`); a later
-    # chunk, or a first one longer than the window (one shot under a window), its whole rectangle
-    attn_impl = _codes(rows["attn_impl"], ATTN_CODES)
-    plain = _where(attn_impl != ATTN_CODES["eager"], 1.0, 0.0)
+    # the first chunk has no history: where it fits the window, PyTorch's kernels but eager take the
+    # plain causal path and score its triangle, c(c + 1)/2 of its c^2 (chunk_features' `plain`); a
+    # dense kernel scores a later chunk's whole rectangle, and a first one longer than the window (one
+    # shot under a window) builds a mask. llama.cpp without flash attention scores every cached key
+    # for each batch (docs/backends.md), the first batch too. (`split` computes only the keys each
+    # query sees whatever the chunk: the per-chunk model prices that, not these plan terms)
+    attn_impl, backend = _codes(rows["attn_impl"], ATTN_CODES), _codes(rows["backend"], BACKEND_CODES)
+    every_key = (backend == BACKEND_CODES["llama.cpp"]) & (attn_impl == ATTN_CODES["masked"])
+    plain = _where(attn_impl == ATTN_CODES["eager"], 0.0, _where(every_key, 0.0, 1.0))
     attended = attended - plain * (local_layers * (c <= window) + global_layers) * c * (c - 1) / 2
     attention = 4 * heads * hd * attended
     kept = _where(has_window, np.minimum(n, window + f["sinks"] + f["global_tokens"]), n)
@@ -180,7 +184,7 @@ def build(rows: Mapping[str, np.ndarray | list | float | str]) -> np.ndarray:
         "num_layers": layers, "hidden_size": d, "num_heads": heads, "num_kv_heads": kv, "head_dim": hd,
         "intermediate_size": ff, "vocab_size": f["vocab_size"], "parameters": f["parameters"],
         "dtype_bytes": dtype_bytes, "weight_bits": weight_bits, "attn_impl": attn_impl,
-        "backend": _codes(rows["backend"], BACKEND_CODES),
+        "backend": backend,
         "threads": f["threads"], "matmul_gflops": gflops, "bandwidth_gbs": f["bandwidth_gbs"],
         "call_overhead_ms": f["call_overhead_ms"], "cores": f["cores"],
         "l2_cache_mib": f["l2_cache_bytes"] / 2**20, "l3_cache_mib": f["l3_cache_bytes"] / 2**20,

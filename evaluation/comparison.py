@@ -278,9 +278,10 @@ def format_evaluation(ev: Evaluation) -> str:
     bound = hindsight(ev.prompts, strongest) if strongest else None
     if bound is not None:
         lines.append(
-            f"{HINDSIGHT} vs {strongest}: {bound.saving:+.1%} [{bound.low:+.1%}, {bound.high:+.1%}] gross, "
-            f"net cold {bound.cold:+.1%} [{bound.cold_low:+.1%}, {bound.cold_high:+.1%}]: the most any policy "
-            f"could have saved on these prompts (on each, the size that saved the most over {column(strongest)} "
+            f"{HINDSIGHT} vs {strongest}: {bound.saving:+.1%} ({bound.prompts} prompts) [{bound.low:+.1%}, "
+            f"{bound.high:+.1%}] gross, net cold {bound.cold:+.1%} [{bound.cold_low:+.1%}, {bound.cold_high:+.1%}]: "
+            "the most a policy choosing among the raced sizes could have saved on these prompts "
+            f"(on each, the size that saved the most over {column(strongest)} "
             "in the rounds both ran, picked after the race at no decision cost, on the rounds it is scored on: "
             "it errs high)"
         )

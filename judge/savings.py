@@ -9,9 +9,9 @@ decision table built on the cores the engine runs on, `PromptResult.cold_extra_m
 
 `hindsight` is the same saving for the size of each prompt that saved the most over the reference
 in the rounds both ran, picked after the race at no decision cost: what a policy that always knew
-the fastest size would save. It is picked on the rounds it is scored on, so it errs high: no
-policy that decides before the prefill can expect to save more over the same reference on these
-prompts."""
+the fastest of the raced sizes would save. It is picked on the rounds it is scored on, so it errs
+high: no policy choosing among those sizes before the prefill can expect to save more, gross, over
+the same reference on these prompts (a size left out of the race, or a schedule, is not in it)."""
 
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ class _Hindsight:
     """A raced prompt with one policy more: the size picked after the race, deciding free."""
 
     prompt: Raced
-    picked: int
+    picked: int | None  # None: the reference did not run this prompt
 
     @property
     def choices(self) -> dict[str, int]:
-        return {**self.prompt.choices, HINDSIGHT: self.picked}
+        return self.prompt.choices if self.picked is None else {**self.prompt.choices, HINDSIGHT: self.picked}
 
     @property
     def times(self) -> dict[int, list[float]]:
@@ -137,7 +137,9 @@ def hindsight(prompts: list[Raced], reference: str, seed: int = 0) -> Saving | N
     """What the size picked in hindsight on each prompt saves over `reference` (module docstring: an
     upper bound, never below 0 gross); None where the reference ran no prompt. Its warm and cold
     figures charge the reference its own decisions and the pick none."""
-    ran = [p for p in prompts if reference in p.choices]
-    picked = [_Hindsight(p, _best_against(p, p.choices[reference])) for p in ran]
+    # every prompt in its place: the bootstrap draws each prompt's rounds as it did for the policies
+    picked = [
+        _Hindsight(p, _best_against(p, p.choices[reference]) if reference in p.choices else None) for p in prompts
+    ]
     found = bootstrap_savings(picked, [(HINDSIGHT, reference)], seed)
     return found[0] if found else None

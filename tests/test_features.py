@@ -81,8 +81,9 @@ def test_a_prompt_s_own_flops_count_each_query_against_the_keys_its_mask_keeps_w
 
 
 def test_a_first_chunk_within_the_window_scores_its_causal_triangle_one_shot_past_it_its_whole_square():
-    """A dense kernel's plain causal path (no history, no mask) computes a first chunk's triangle;
-    one shot under a shorter window needs a mask and scores every pair; eager has no plain path."""
+    """PyTorch's plain causal path (no history, no mask) computes a first chunk's triangle; one shot
+    under a shorter window needs a mask and scores every pair; eager has no plain path, nor has
+    llama.cpp without flash attention, which scores every cached key for each batch."""
     layers, heads, hd = 12, 8, 64
     n, c, w = 4096, 768, 1024
 
@@ -92,6 +93,8 @@ def test_a_first_chunk_within_the_window_scores_its_causal_triangle_one_shot_pas
     rectangle = keys_sum(n, c, w)  # every chunk's queries x the keys it holds, the first's c x c
     assert attention() == pytest.approx(rectangle - c * (c - 1) / 2, rel=1e-12)
     assert attention(attn_impl="eager") == pytest.approx(rectangle, rel=1e-12)
+    assert attention(backend="llama.cpp") == pytest.approx(rectangle, rel=1e-12)
+    assert attention(backend="llama.cpp", attn_impl="flash") == attention()
     assert attention(chunk_size=n) == pytest.approx(n * n, rel=1e-12)  # one shot past the window: no plain path
     no_window = attention(window=0, layout="none", chunk_size=n)
     assert no_window == pytest.approx(n * (n + 1) / 2, rel=1e-12)  # one shot without one: the triangle

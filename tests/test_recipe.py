@@ -52,6 +52,8 @@ def test_the_argmin_keeps_the_anchor_only_where_the_correction_s_noise_covers_th
     assert picked(Chooser(z=0.0), members, anchor=0, noise=unsure) == (0, True)
     learnt = unsure / 16  # +-2.5%: outside
     assert picked(Chooser(z=0.0), members, anchor=0, noise=learnt) == (1, False)
+    tie = np.log([[100.0, 100.0], [101.0, 101.0]])  # the anchor (the second) ties the first: the argmin's
+    assert picked(Chooser(z=0.0), tie, anchor=1) == (0, False)
 
 
 def test_the_anchor_decides_for_a_machine_or_a_model_shape_the_model_never_saw():

@@ -122,8 +122,9 @@ def version_description(recipe: Recipe, data: dict, metrics: dict[str, dict[str,
     it did on held-out configs against the rule and fixed 1024 (the same slices)."""
     heldout = metrics["all"]
     return (
-        f"Recipe `{recipe.name}` ({recipe.cost.kind} cost model, {recipe.cost.size} members, do-no-harm "
-        f"z={recipe.chooser.z:g}). Trained on {data['rows']} rows ({data['configs']} configs, "
+        f"Recipe `{recipe.name}` ({recipe.cost.kind} cost model, {recipe.cost.size} members, "
+        f"{f'do-no-harm z={recipe.chooser.z:g}' if recipe.chooser.z else 'the argmin'}). "
+        f"Trained on {data['rows']} rows ({data['configs']} configs, "
         f"{data['rows_with_chunk_ms']} with per-chunk times, {data['telemetry_prefills']} telemetry prefills) of "
         f"machines {data['machines']}; data digest {data['data_digest']}. Held out (all slices): mean regret "
         f"{heldout['mean_regret']:.1%}, p95 {heldout['p95_regret']:.1%}, within 5% {heldout['within_5pct']:.0%}, "
