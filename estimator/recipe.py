@@ -6,8 +6,8 @@ The chooser takes the argmin of the members' mean predicted TTFT; with "do no ha
 `z` above 0), the anchor's size stays when the predicted saving over it is within a margin (6%)
 plus `z` (2) standard deviations of the members' disagreement about that saving, widened by the
 noise this machine's correction brings into the two sizes' predictions (chunkpilot.correction).
-The registered recipe, DEFAULT, is the argmin (z 0) since FORMAT 10, which keeps the anchor only where
-the correction's noise alone covers the saving. The anchor is the strongest simple
+A recipe with z 0 is the argmin, which keeps the anchor only where the correction's noise alone
+covers the saving. The anchor is the strongest simple
 baseline of the request's machine, backend and kernel on the training rows (judge.lineup:
 one shot, the backend's default, the machine's best single size, the rules, fixed 1024), fitted
 with the cost model and saved with it: where the model cannot know better (a machine, backend or
@@ -66,9 +66,9 @@ def shapes_of(x: np.ndarray) -> set[Shape]:
 # and 3%, mean regret 2.4% against 3.1% on unseen lengths, 3.3% against 4.2% on unseen shapes, 4.4%
 # against 4.7% on unseen architectures, 5.7% against 5.8% on unseen windows (the training records of
 # results/runs.jsonl at 2b49db5 and after); z 3 with 10% was better on lengths only. Since FORMAT 10
-# the argmin (z 0) has the lower mean regret over all held-out configs and on unseen windows, and
-# the higher on unseen lengths (docs/training.md): the registered recipe is the argmin, do-no-harm's
-# a compared one
+# the argmin (z 0) had the lower mean regret over all held-out configs and on unseen windows while
+# one shot anchored windowed prompts on dense kernels; with the simple rule anchoring them
+# (judge.lineup.strongest), z 2 and 6% were lower again on lengths, windows and all (docs/training.md)
 Z, MARGIN = 2.0, 0.06
 
 
@@ -294,10 +294,7 @@ RECIPES: dict[str, tuple[type[PerChunk] | type[PerCandidate] | type[Analytic], f
     "per-candidate-argmin": (PerCandidate, 0.0),
     "analytic-fit": (Analytic, 0.0),  # one member: no spread to weigh a saving against
 }
-# the argmin: with the plan's plain first chunk priced (FORMAT 10), do-no-harm's z 2 and 6% cost more
-# regret on unseen windows and over all held-out configs than they saved on unseen lengths
-# (docs/training.md, 2026-12-07)
-DEFAULT = "per-chunk-argmin"
+DEFAULT = "per-chunk"
 
 
 def make_recipe(name: str = DEFAULT, lgbm: dict | None = None) -> Recipe:
