@@ -34,6 +34,7 @@ saved here (judge.savings.hindsight).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
@@ -102,6 +103,11 @@ class Evaluation:
     def mean_regret(self, policy: str) -> float:
         """The policy's mean regret over the prompts it ran."""
         return statistics.fmean(p.regret(policy) for p in self.prompts if policy in p.choices)
+
+    @functools.cached_property
+    def hindsight(self) -> Saving | None:
+        """The best in hindsight against the strongest baseline (judge.savings.hindsight), once."""
+        return hindsight(self.prompts, self.strongest())
 
     def strongest(self, of: str = "auto") -> str:
         """The policy other than `of` with the lowest total TTFT over the prompts they all ran."""
@@ -275,7 +281,7 @@ def format_evaluation(ev: Evaluation) -> str:
             f"[{s.warm_low:+.1%}, {s.warm_high:+.1%}]; net cold {s.cold:+.1%} [{s.cold_low:+.1%}, {s.cold_high:+.1%}] "
             f"-> {_verdict(s.cold_low, s.cold_high)}"
         )
-    bound = hindsight(ev.prompts, strongest) if strongest else None
+    bound = ev.hindsight if strongest else None
     if bound is not None:
         lines.append(
             f"{HINDSIGHT} vs {strongest}: {bound.saving:+.1%} ({bound.prompts} prompts) [{bound.low:+.1%}, "

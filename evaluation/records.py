@@ -15,8 +15,6 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from judge.savings import hindsight
-
 RESULTS = Path("results/runs.jsonl")  # in the working directory; $CHUNKPILOT_RESULTS elsewhere (the tests' own)
 
 
@@ -78,8 +76,7 @@ def race_record(ev, command: str, seed: int | None, backend: str, model: str) ->
         for s in ev.savings
     ]
     regret = {n: ev.mean_regret(n) for n in ev.policies}
-    strongest = ev.strongest()
-    bound = hindsight(ev.prompts, strongest)
+    bound = ev.hindsight
     return {
         **stamp(command),
         "kind": "race",
@@ -88,7 +85,7 @@ def race_record(ev, command: str, seed: int | None, backend: str, model: str) ->
         "seed": seed,
         "rounds": ev.rounds,
         "policies": list(ev.policies),
-        "strongest": strongest,
+        "strongest": ev.strongest(),
         "hindsight": None
         if bound is None
         else {"gross": [bound.saving, bound.low, bound.high], "cold": [bound.cold, bound.cold_low, bound.cold_high]},

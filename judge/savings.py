@@ -61,6 +61,13 @@ class Saving:
         return max(self.high - self.low, self.warm_high - self.warm_low, self.cold_high - self.cold_low) < precision
 
 
+def shared_rounds(a: list[float], b: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """[R] two sizes' times in the rounds both ran, the same round moments apart: every size's times
+    are rounds 1 to its last (a size left out of the race is not timed again), so they share the first R."""
+    rounds = min(len(a), len(b))
+    return np.asarray(a[:rounds]), np.asarray(b[:rounds])
+
+
 def bootstrap_savings(prompts: list[Raced], pairs: list[tuple[str, str]], seed: int = 0) -> list[Saving]:
     """Each saving from the per-round ratios of the two policies' sizes (module docstring). The
     bootstrap resamples each prompt's rounds, with the same draws for every pair."""
@@ -72,11 +79,7 @@ def bootstrap_savings(prompts: list[Raced], pairs: list[tuple[str, str]], seed: 
         weights = np.array([p.median(p.choices[reference]) for _, p in both])  # [P] the reference's TTFT
         point, boot = np.zeros((3, len(both))), np.zeros((3, RESAMPLES, len(both)))  # gross, warm, cold
         for j, (k, p) in enumerate(both):
-            # [R] the same round, moments apart: every size's times are rounds 1 to its last (a size
-            # left out of the race is not timed again), so the two share their first R rounds
-            ours, theirs = p.times[p.choices[policy]], p.times[p.choices[reference]]
-            rounds = min(len(ours), len(theirs))
-            ours, theirs = np.asarray(ours[:rounds]), np.asarray(theirs[:rounds])
+            ours, theirs = shared_rounds(p.times[p.choices[policy]], p.times[p.choices[reference]])  # [R]
             draws = resampled_rounds(len(ours), RESAMPLES, np.random.default_rng([seed, k]))  # [B, R]
             charges = [
                 (0.0, 0.0),
@@ -126,9 +129,8 @@ def _best_against(p: Raced, reference: int) -> int:
     only in the first, faster rounds); `reference` itself saves 0."""
 
     def ratio(size: int) -> float:
-        ours, theirs = p.times[size], p.times[reference]
-        rounds = min(len(ours), len(theirs))
-        return float(np.median(np.divide(ours[:rounds], theirs[:rounds]))) if rounds else np.inf
+        ours, theirs = shared_rounds(p.times[size], p.times[reference])
+        return float(np.median(ours / theirs)) if len(ours) else np.inf
 
     return min(p.times, key=lambda size: (ratio(size), size != reference))
 
