@@ -11,6 +11,7 @@ the model."""
 from __future__ import annotations
 
 import bisect
+import json
 import sys
 import threading
 import time
@@ -18,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import httpx
 from pydantic import ValidationError
 
+from auto.connection import ServiceConnection, ServiceUnavailable, StatusError, TimedOut
 from auto.telemetry import Reporter, outcome
 from chunkpilot.contract import ChunkRequest, ConfigError, Decision, Hardware, Outcome
 from engine.policy import DECISION_TIMEOUT_S, BaselinePolicy, ChunkPolicy
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 CACHE_TTL_S = 5.0  # a promoted model reaches the engine within the service's alias poll + this
 MAX_SPANS = 4096  # answers kept per kind of request
-JSON = {"content-type": "application/json"}
 # a decision table's cells build in milliseconds; the forests compile in about two minutes of one
 # core, once per machine and model (estimator.forest)
 WARM_UP_S = 300.0
@@ -125,20 +125,13 @@ def fall_back(request: ChunkRequest, reason: str, anchor: Baseline) -> Decision:
     return Decision(chunk_size=size, source="fallback", reason=f"{reason}; {anchor.name} answered")
 
 
-def _detail(exc: httpx.HTTPStatusError) -> str:
-    try:
-        return str(exc.response.json()["detail"])
-    except (ValueError, KeyError, TypeError):
-        return exc.response.text[:200]
-
-
 def failure_reason(exc: Exception, url: str, timeout_s: float) -> str:
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, TimedOut):
         return f"timeout: {url} gave no answer within {timeout_s * 1e3:g} ms"
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"the service answered {exc.response.status_code}: {_detail(exc)}"
-    if isinstance(exc, httpx.TransportError):
-        return f"cannot reach {url}: {exc or type(exc).__name__}"
+    if isinstance(exc, StatusError):
+        return f"the service answered {exc.status}: {exc.detail}"
+    if isinstance(exc, ServiceUnavailable):
+        return f"cannot reach {url}: {exc}"
     if isinstance(exc, ValidationError):  # one line: the first field the answer broke
         first = exc.errors()[0]
         return f"unusable answer from {url}: {'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}"
@@ -204,7 +197,7 @@ class AutoPolicy(Observing):
     name: str = "auto"
 
     def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=self.timeout_s)  # keep-alive across prefills
+        self.client = ServiceConnection(self.url, self.timeout_s)  # keep-alive across prefills
         self.version: str | None = None  # the model version of the latest answer
         self.answers = Answers(self.cache_ttl_s)  # the current version's
         self.last_error = "no answer yet"
@@ -219,9 +212,9 @@ class AutoPolicy(Observing):
         """The served model's anchors, asked once at start (each answer then updates its own): what
         a fallback answers before the first answer; none from a service that cannot say."""
         try:
-            said = self.client.get("/v1/model", timeout=max(self.timeout_s, 1.0)).json()["anchors"]
+            said = json.loads(self.client.get("/v1/model", max(self.timeout_s, 1.0)))["anchors"]
             return {key: Baseline(*anchor) for key, anchor in said.items()}
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except (ServiceUnavailable, ValueError, KeyError, TypeError):
             return {}
 
     def decide(self, request: ChunkRequest) -> Decision:
@@ -261,14 +254,14 @@ class AutoPolicy(Observing):
             )
         try:
             answer = self._ask(request)
-        except httpx.HTTPStatusError as exc:
-            if exc.response.status_code == 422 and (detail := _detail(exc)).startswith(f"{BUDGET}: "):
-                raise budget_refused(detail) from None  # the service is well: the budget cannot be kept
+        except StatusError as exc:
+            if exc.status == 422 and exc.detail.startswith(f"{BUDGET}: "):
+                raise budget_refused(exc.detail) from None  # the service is well: the budget cannot be kept
             with self.lock:
                 self.breaker.record(False)
                 self.last_error = failure_reason(exc, self.url, self.timeout_s)
             return fall_back(request, self.last_error, self.anchor(request))
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # timeout, refused, 4xx/5xx, garbage
+        except (ServiceUnavailable, ValueError, KeyError, TypeError) as exc:  # timeout, refused, garbage
             with self.lock:
                 self.breaker.record(False)
                 self.last_error = failure_reason(exc, self.url, self.timeout_s)
@@ -289,10 +282,9 @@ class AutoPolicy(Observing):
         or `timeout_s` passes; its /v1/model answer then (`forests`, `forests_compile_s`)."""
         end = time.monotonic() + timeout_s
         while True:
-            model = self.client.get("/v1/model")
-            model.raise_for_status()
-            if model.json().get("forests") != "compiling" or time.monotonic() > end:
-                return model.json()
+            model = json.loads(self.client.get("/v1/model"))
+            if model.get("forests") != "compiling" or time.monotonic() > end:
+                return model
             time.sleep(0.5)
 
     def warm_up(self, requests: list[ChunkRequest], timeout_s: float = WARM_UP_S) -> int:
@@ -314,9 +306,8 @@ class AutoPolicy(Observing):
 
     def _ask(self, request: ChunkRequest, schedule: bool | None = None) -> Decision:
         body = ask(request, self.hardware, self.schedule if schedule is None else schedule).model_dump_json()
-        response = self.client.post("/v1/chunk-size", content=body, headers=JSON)
-        response.raise_for_status()
-        answer = Decision.model_validate_json(response.content, strict=True)  # the service's own model
+        said = self.client.post("/v1/chunk-size", body.encode())
+        answer = Decision.model_validate_json(said, strict=True)  # the service's own model
         missing = [name for name in ANSWERED if getattr(answer, name) is None]
         if answer.source not in SERVED or missing:
             raise ValueError(

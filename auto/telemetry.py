@@ -5,6 +5,7 @@ dropped and counted; a batch that cannot be delivered is dropped and counted too
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -14,8 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
-
+from auto.connection import ServiceConnection
 from chunkpilot import plausibility
 from chunkpilot.contract import ChunkRequest, Outcome
 
@@ -109,11 +109,11 @@ def to_service(url: str, token: str | None = None, timeout_s: float = 2.0) -> Se
     the bearer token (`token`, else $CHUNKPILOT_ADMIN_TOKEN) when there is one: a service that has a
     token accepts outcomes only with it."""
     token = token or os.environ.get(TOKEN_ENV) or None
-    client = httpx.Client(base_url=url, timeout=timeout_s)
     headers = {"authorization": f"Bearer {token}"} if token else {}
+    client = ServiceConnection(url, timeout_s, headers)
 
     def send(batch: list[dict]) -> None:
-        client.post("/v1/feedback", json={"outcomes": batch}, headers=headers).raise_for_status()
+        client.post("/v1/feedback", json.dumps({"outcomes": batch}).encode())
 
     return send
 

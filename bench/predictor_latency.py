@@ -5,8 +5,9 @@ serve` process on loopback. Each HTTP client is its own process with one keep-al
 as engines are (client threads in one process would measure the GIL's 5 ms switch interval, not
 the service), asking back to back (saturation) or
 paced (one request per --every-ms, like an engine asking before each prefill). The clients use
-the engine's own client (httpx); one row repeats the paced case with the standard library's
-http.client to show the client's share. Clients share the machine's cores with the server.
+the engine's own client (auto.connection, on the standard library's http.client); rows of the
+paced cases repeat them with httpx, a general-purpose client, to show the client's share. Clients
+share the machine's cores with the server.
 Needs a champion in the MLflow store: run `chunkpilot train` (or `make demo`) first.
 
     .venv/bin/python bench/predictor_latency.py [--requests 2000]
@@ -15,7 +16,6 @@ Needs a champion in the MLflow store: run `chunkpilot train` (or `make demo`) fi
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import multiprocessing
 import shlex
@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from evaluation.records import append_record, stamp
 
@@ -209,31 +208,27 @@ def built_cells(url: str, machine: str, count: int) -> None:
     raise RuntimeError("the service's decision table was not built within 10 minutes")
 
 
+def engine_post(url: str) -> Callable[[dict], None]:
+    """The engine's own client (auto.connection), the body serialised as AutoPolicy sends it."""
+    from auto.connection import ServiceConnection
+
+    connection = ServiceConnection(url, 5.0)
+    return lambda b: connection.post("/v1/chunk-size", json.dumps(b).encode())
+
+
 def httpx_post(url: str) -> Callable[[dict], None]:
+    """httpx, a general-purpose client, with the same body: the difference is the client's."""
     import httpx
 
     http = httpx.Client(base_url=url, timeout=5)
-    return lambda b: http.post("/v1/chunk-size", json=b).raise_for_status()
-
-
-def stdlib_post(url: str) -> Callable[[dict], None]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
-
-    def post(b: dict) -> None:
-        conn.request("POST", "/v1/chunk-size", json.dumps(b), {"content-type": "application/json"})
-        response = conn.getresponse()
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}")
-
-    return post
+    headers = {"content-type": "application/json"}
+    return lambda b: http.post("/v1/chunk-size", content=json.dumps(b).encode(), headers=headers).raise_for_status()
 
 
 def client(job: tuple) -> list[float]:
     """One engine: connect, warm up, then `n` requests from `start_at` on its schedule."""
-    url, machine, k, n, every_s, start_at, lean, schedule = job
-    post = (stdlib_post if lean else httpx_post)(url)
+    url, machine, k, n, every_s, start_at, general, schedule = job
+    post = (httpx_post if general else engine_post)(url)
     time.sleep(max(0.0, start_at - 1.0 - time.time()))  # warm up just before: keep-alive closes idle connections
     for i in range(5):
         post(body(k * n + i, machine, schedule))
@@ -252,23 +247,25 @@ def over_http(
     clients: int,
     per_client: int,
     every_ms: float = 0.0,
-    lean: bool = False,
+    general: bool = False,
     schedule: bool = False,
     record: bool = True,
 ) -> str:
     """`clients` processes. every_ms 0: back to back (latency = clients / throughput); else each
-    asks on a fixed timetable, spread evenly over the period. `schedule`: ask for chunk schedules."""
+    asks on a fixed timetable, spread evenly over the period. `general`: httpx in place of the
+    engine's client; `schedule`: ask for chunk schedules."""
     every_s = every_ms / 1e3
     start_at = time.time() + 2.0 + 0.3 * clients  # every process started by then
     jobs = [
-        (url, machine, k, per_client, every_s, start_at + k * every_s / clients, lean, schedule) for k in range(clients)
+        (url, machine, k, per_client, every_s, start_at + k * every_s / clients, general, schedule)
+        for k in range(clients)
     ]
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
         results = pool.map(client, jobs)
     times = [t for r in results for t in r]
     wall = max(time.time() - start_at, 1e-9)
     mode = f"one request per {every_ms:g} ms each" if every_ms else "back to back"
-    who = ("stdlib" if lean else "httpx") + (" + schedule" if schedule else "")
+    who = ("httpx" if general else "engine client") + (" + schedule" if schedule else "")
     said = percentiles(times, f"HTTP {who}, {clients} clients, {mode}" if record else None)
     return f"HTTP {who:>17}, {clients:>2} clients, {mode:<28} {said}   {len(times) / wall:6.0f} req/s"
 
@@ -294,10 +291,10 @@ def main() -> None:
         for clients in (8, 32):
             print(over_http(url, machine, clients, args.requests // clients))
         print(over_http(url, machine, 1, max(args.requests // 8, 20), every_ms=50))
-        print(over_http(url, machine, 1, max(args.requests // 8, 20), every_ms=50, lean=True))
+        print(over_http(url, machine, 1, max(args.requests // 8, 20), every_ms=50, general=True))
         for every_ms in (10, 50):
             print(over_http(url, machine, 8, max(args.requests // 8, 20), every_ms=every_ms))
-        print(over_http(url, machine, 8, max(args.requests // 8, 20), every_ms=50, lean=True))
+        print(over_http(url, machine, 8, max(args.requests // 8, 20), every_ms=50, general=True))
         print(over_http(url, machine, 8, max(args.requests // 8, 20), every_ms=50, schedule=True))
         print(over_http(url, machine, 32, max(args.requests // 32, 20), every_ms=50))
     finally:

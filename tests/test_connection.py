@@ -1,0 +1,101 @@
+"""The engine's connection to the service (auto/connection.py): keep-alive connections reused, one
+the server closed while idle replaced without a failure, concurrent callers on connections of their
+own, and every failure an error that says what happened. Unit tests against a stand-in HTTP server
+of the standard library (the client's connections are under test, not the service: the service's
+own round trips are tests/test_predictor.py's and tests/test_reliability.py's)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from auto.connection import ServiceConnection, StatusError, TimedOut, Unreachable
+from cli.processes import free_port
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """Echoes the body with the path and the connection's own number; /close answers keep-alive and
+    then closes (what uvicorn does to a connection idle past its keep-alive), /slow sleeps a second,
+    /refuse answers 422 as FastAPI words it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self._answer(200, {"path": self.path, "body": body.decode(), "connection": id(self.connection)})
+
+    def do_GET(self) -> None:
+        if self.path == "/slow":
+            time.sleep(1.0)
+        if self.path == "/refuse":
+            return self._answer(422, {"detail": "memory_budget_mb: no candidate fits 1 MB"})
+        self._answer(200, {"path": self.path, "connection": id(self.connection)})
+        self.close_connection = self.path == "/close"
+
+    def _answer(self, status: int, said: dict) -> None:
+        data = json.dumps(said).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), StandIn)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def said(raw: bytes) -> dict:
+    return json.loads(raw)
+
+
+def test_a_connection_is_kept_alive_and_a_body_arrives_whole(url):
+    client = ServiceConnection(url, 2.0)
+    first, again = said(client.post("/v1/chunk-size", b'{"n": 1}')), said(client.post("/v1/chunk-size", b'{"n": 2}'))
+    assert (first["body"], again["body"]) == ('{"n": 1}', '{"n": 2}')
+    assert first["connection"] == again["connection"]  # one connection, reused
+    client.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(url):
+    client = ServiceConnection(url, 2.0)
+    closed = said(client.get("/close"))  # answered keep-alive, then closed by the server
+    time.sleep(0.1)
+    after = said(client.get("/model"))
+    assert after["path"] == "/model" and after["connection"] != closed["connection"]
+
+
+def test_concurrent_callers_each_get_a_connection(url):
+    client = ServiceConnection(url, 2.0)
+    with ThreadPoolExecutor(4) as pool:
+        bodies = list(pool.map(lambda i: said(client.post("/x", str(i).encode()))["body"], range(40)))
+    assert bodies == [str(i) for i in range(40)]
+
+
+def test_every_failure_says_what_happened(url):
+    client = ServiceConnection(url, 0.2)
+    with pytest.raises(TimedOut, match="no answer within 200 ms"):
+        client.get("/slow")
+    with pytest.raises(StatusError) as refused:
+        client.get("/refuse")
+    assert refused.value.status == 422 and refused.value.detail.startswith("memory_budget_mb: ")
+    assert said(client.get("/after"))["path"] == "/after"  # the timed-out connection is not reused
+    with pytest.raises(Unreachable, match="refused"):
+        ServiceConnection(f"http://127.0.0.1:{free_port()}", 0.2).get("/v1/model")
+    with pytest.raises(ValueError, match="http"):
+        ServiceConnection("ftp://127.0.0.1:1", 0.2)
