@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from auto import connection
 from auto.connection import ServiceConnection, StatusError, TimedOut, Unreachable
 from cli.processes import free_port
 
@@ -22,7 +23,7 @@ from cli.processes import free_port
 class StandIn(BaseHTTPRequestHandler):
     """Echoes the body with the path and the connection's own number; /close answers keep-alive and
     then closes (what uvicorn does to a connection idle past its keep-alive), /slow sleeps a second,
-    /refuse answers 422 as FastAPI words it."""
+    /refuse answers 422 as FastAPI words it, /moved 307."""
 
     protocol_version = "HTTP/1.1"
 
@@ -35,6 +36,8 @@ class StandIn(BaseHTTPRequestHandler):
             time.sleep(1.0)
         if self.path == "/refuse":
             return self._answer(422, {"detail": "memory_budget_mb: no candidate fits 1 MB"})
+        if self.path == "/moved":
+            return self._answer(307, {"detail": "elsewhere"})
         self._answer(200, {"path": self.path, "connection": id(self.connection)})
         self.close_connection = self.path == "/close"
 
@@ -80,6 +83,21 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(url):
     assert after["path"] == "/model" and after["connection"] != closed["connection"]
 
 
+def test_a_connection_idle_near_the_server_s_keep_alive_is_not_reused(url, monkeypatch):
+    monkeypatch.setattr(connection, "IDLE_S", 0.05)  # uvicorn's 5 s, in small: a close could cross the request
+    client = ServiceConnection(url, 2.0)
+    first = said(client.get("/a"))["connection"]
+    assert said(client.get("/b"))["connection"] == first
+    time.sleep(0.1)
+    assert said(client.get("/c"))["connection"] != first
+
+
+def test_the_url_s_path_prefixes_every_route_and_its_token_stays_out_of_its_repr(url):
+    client = ServiceConnection(f"{url}/chunkpilot/", 2.0, {"authorization": "Bearer s3cret"})
+    assert said(client.post("/v1/feedback", b"{}"))["path"] == "/chunkpilot/v1/feedback"
+    assert "s3cret" not in repr(client)
+
+
 def test_concurrent_callers_each_get_a_connection(url):
     client = ServiceConnection(url, 2.0)
     with ThreadPoolExecutor(4) as pool:
@@ -94,8 +112,11 @@ def test_every_failure_says_what_happened(url):
     with pytest.raises(StatusError) as refused:
         client.get("/refuse")
     assert refused.value.status == 422 and refused.value.detail.startswith("memory_budget_mb: ")
+    with pytest.raises(StatusError, match="HTTP 307: elsewhere"):  # not followed: the service never redirects
+        client.get("/moved")
     assert said(client.get("/after"))["path"] == "/after"  # the timed-out connection is not reused
     with pytest.raises(Unreachable, match="refused"):
         ServiceConnection(f"http://127.0.0.1:{free_port()}", 0.2).get("/v1/model")
-    with pytest.raises(ValueError, match="http"):
-        ServiceConnection("ftp://127.0.0.1:1", 0.2)
+    for wrong in ("ftp://127.0.0.1:1", "http://user:pw@127.0.0.1:1", "http://127.0.0.1:1/?q=1"):
+        with pytest.raises(ValueError, match="http"):
+            ServiceConnection(wrong, 0.2)
