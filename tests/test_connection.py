@@ -6,6 +6,7 @@ own round trips are tests/test_predictor.py's and tests/test_reliability.py's)."
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -26,10 +27,15 @@ class StandIn(BaseHTTPRequestHandler):
     /refuse answers 422 as FastAPI words it, /moved 307."""
 
     protocol_version = "HTTP/1.1"
+    opened = itertools.count()  # connections numbered as accepted (an id() is reused once freed)
+
+    def setup(self) -> None:
+        super().setup()
+        self.number = next(self.opened)
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
-        self._answer(200, {"path": self.path, "body": body.decode(), "connection": id(self.connection)})
+        self._answer(200, {"path": self.path, "body": body.decode(), "connection": self.number})
 
     def do_GET(self) -> None:
         if self.path == "/slow":
@@ -38,7 +44,7 @@ class StandIn(BaseHTTPRequestHandler):
             return self._answer(422, {"detail": "memory_budget_mb: no candidate fits 1 MB"})
         if self.path == "/moved":
             return self._answer(307, {"detail": "elsewhere"})
-        self._answer(200, {"path": self.path, "connection": id(self.connection)})
+        self._answer(200, {"path": self.path, "connection": self.number})
         self.close_connection = self.path == "/close"
 
     def _answer(self, status: int, said: dict) -> None:
