@@ -147,12 +147,12 @@ def fit_anchors(configs: Mapping[str, Sequence[MeasuredConfig]]) -> dict[str, Ba
     configs): the strongest of its lineup, the best single size chosen from its own rows; and, under
     the key of any machine (ANY), every machine's configs of that backend and kernel pooled: the
     anchor of a machine the rows do not hold."""
-    return {
-        key: strongest(lineup(backend, best_single_size(measured)), measured, kernel in DENSE_KERNELS)
-        for key, measured in with_pooled(configs).items()
-        if measured
-        for backend, kernel in [key.split("/")[1:]]
-    }
+    anchors = {}
+    for key, measured in with_pooled(configs).items():
+        if measured:
+            _, backend, kernel = key.split("/")  # anchor_key's machine/backend/kernel
+            anchors[key] = strongest(lineup(backend, best_single_size(measured)), measured, kernel in DENSE_KERNELS)
+    return anchors
 
 
 def anchor_for(anchors: Mapping[str, Baseline], hardware_id: str | None, backend: str, attn_impl: str) -> Baseline:
