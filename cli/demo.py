@@ -106,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
     # cross-validation would take go to the comparison's rounds
     print(train_and_report(args.data, compare="quick"), flush=True)
 
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+
+    # this machine's descriptors into the engine's cache while nothing else runs: the service's first
+    # minutes compile its forests on a core, and a machine measured beside them reads slow
+    Engine(EngineConfig(model=args.model)).hardware()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     _step(3, f"starting the service (chunkpilot serve) on {url}, exploring up to {explore:.0%} of served TTFT", start)

@@ -174,13 +174,20 @@ class PerChunk:
             raise ValueError("chunk_ms: the per-chunk model needs rows with per-chunk times (dataset v2 or later)")
         x = data.x[timed]
         owner, q, h = expand(x)
-        measured = np.concatenate([np.asarray(data.chunk_ms[i], dtype=float) for i in timed])  # the same order
+        plans = [np.asarray(data.chunk_ms[i], dtype=float) for i in timed]
+        measured = np.concatenate(plans)  # the same order
+        # each chunk weighs its share of its plan's time: a plan's log-TTFT error is its chunks' errors
+        # weighed so, and every plan weighs one whatever its chunks (unweighted, a 16k prompt in 64s
+        # outweighed its one-shot plan 256 to 1, and one shot was priced 6% slower than 4096 where it
+        # measured 5% faster: docs/training.md)
+        share = np.concatenate([ms / ms.sum() for ms in plans])
         features = chunk_features(x[owner], q, h)
         target = np.log(measured) - features[:, -1]
         boosters = []
         for seed in range(self.size):
             params, rounds = lgb_params(self.params, seed)
-            boosters.append(lgb.train(params, lgb.Dataset(features, target), num_boost_round=rounds))
+            dataset = lgb.Dataset(features, target, weight=share)
+            boosters.append(lgb.train(params, dataset, num_boost_round=rounds))
         self.forest = Forest(boosters)
         self.tokenize_ms_per_token = float(np.median(data.tokenize_ms[timed] / x[:, _N]))
         self.timed = sorted({int(b) for b in x[:, _B]})

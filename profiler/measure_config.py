@@ -14,13 +14,13 @@ from chunkpilot.features import prefill_flops
 from engine import runtime
 from engine.backends import open_engine
 from engine.config import EngineConfig
+from engine.contention import ForeignLoad
 from engine.engine import Engine
 from engine.hardware import matmul_peak
 from engine.measure import interleaved, spread
 from engine.policy import FixedPolicy
 from store.dataset import HARNESS_VERSION, contended_limit
 
-from .contention import ForeignLoad
 from .spec import ProfileConfig, Spec
 
 

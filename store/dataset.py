@@ -51,7 +51,7 @@ from judge.lineup import MeasuredConfig, anchor_key
 # built without a [Q, K] difference of positions (a shift window's chunk attended in one call held
 # 8 bytes a key more at its peak; the memory spec's three such configs, re-measured, peaked the same
 # to the byte), its sinks copied and its shift buffer sized with them, 11: `foreign_cores`, the
-# other work on the machine while a config was timed (profiler.contention); older files read
+# other work on the machine while a config was timed (engine.contention); older files read
 HARNESS_VERSION = "11"
 # A row timed while other work kept more than this many cores busy on average reads slow: the
 # profiler measures it again, and training leaves it out (CHUNKPILOT_CONTENDED_CORES overrides it)
@@ -107,7 +107,7 @@ SCHEMA = pa.schema(
         # best matmul GFLOP/s the measuring process reached (engine.hardware.matmul_peak)
         ("prefill_gflops", _float), ("matmul_peak_gflops", _float),
         ("noisy", _bool), ("remeasured", _int),
-        # cores other processes kept busy while the config was timed (profiler.contention; null: not measured)
+        # cores other processes kept busy while the config was timed (engine.contention; null: not measured)
         ("foreign_cores", _float),
         ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC")),
         ("harness_version", _str),

@@ -3,6 +3,7 @@ sweep, and a sweep killed with SIGKILL then resumed."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -436,7 +437,7 @@ def test_the_summary_scores_fixed_1024_and_the_rule_as_training_does_on_the_same
 def test_foreign_load_counts_other_processes_and_not_this_process_s_children():
     """A process outside this one's tree spinning beside the block is other work, in cores; a child
     of this process spinning is this process's own (its ticks are counted as ours, live or reaped)."""
-    from profiler.contention import _TICK_S, ForeignLoad, _own_ticks
+    from engine.contention import _TICK_S, ForeignLoad, _own_ticks
 
     loop = "import time; t = time.time(); [0 for _ in iter(lambda: time.time() - t < 1.5, False)]"
     spin = f"{sys.executable} -c '{loop}'"
@@ -449,6 +450,42 @@ def test_foreign_load_counts_other_processes_and_not_this_process_s_children():
     assert (_own_ticks() - before) * _TICK_S > 0.3
 
 
+def scripted_load(loads: list[float]) -> type:
+    """A stand-in for engine.contention.ForeignLoad (unit tests): each block reads the first of
+    `loads` as other work's cores and takes it off (a test refills the list for the next blocks)."""
+
+    class Scripted:
+        def __enter__(self):
+            self.cores = None
+            return self
+
+        def __exit__(self, *exc):
+            self.cores = loads.pop(0)
+
+    return Scripted
+
+
+def test_descriptors_measured_beside_other_work_are_taken_again_and_never_cached(monkeypatch, tmp_path, capsys):
+    """The measurement and the other work are faked here (unit test): a machine measured beside
+    other work reads slow (a third of its GFLOP/s), so it is measured again; the quiet measurement
+    is cached, and one contended every time serves its process uncached, saying so."""
+    import engine.hardware as hardware
+
+    loads, gflops = [1.5, 0.02], iter([70.0, 210.0])
+
+    monkeypatch.setattr(hardware, "ForeignLoad", scripted_load(loads))
+    monkeypatch.setattr(hardware, "measure_descriptors", lambda *a: {"matmul_gflops": next(gflops)})
+    monkeypatch.setenv("CHUNKPILOT_CONTENDED_CORES", "0.25")
+    assert hardware.descriptors(tmp_path, "float32", 2)["matmul_gflops"] == 210.0
+    (cached,) = tmp_path.glob("*.json")
+    assert json.loads(cached.read_text()) == {"float32/2": {"matmul_gflops": 210.0}}
+
+    loads[:], gflops = [1.5] * hardware.TRIES, iter([70.0, 71.0, 72.0])
+    assert hardware.descriptors(tmp_path, "float32", 1)["matmul_gflops"] == 72.0
+    assert "not cached" in capsys.readouterr().err
+    assert list(json.loads(cached.read_text())) == ["float32/2"]
+
+
 def test_a_config_timed_beside_other_work_is_measured_again_and_training_leaves_it_out(monkeypatch, tmp_path, capsys):
     """The other work is faked here (unit test): the first passes ran beside 1.5 cores of it, the next
     on a quiet machine; those replace the first and the rows carry the quiet figure. A config still
@@ -458,17 +495,9 @@ def test_a_config_timed_beside_other_work_is_measured_again_and_training_leaves_
     from store.dataset import anchor_configs, contended
     from training.data import load_table
 
-    loads = iter([1.5, 0.02])
+    loads = [1.5, 0.02]
 
-    class Scripted:
-        def __enter__(self):
-            self.cores = None
-            return self
-
-        def __exit__(self, *exc):
-            self.cores = next(loads)
-
-    monkeypatch.setattr(measuring, "ForeignLoad", Scripted)
+    monkeypatch.setattr(measuring, "ForeignLoad", scripted_load(loads))
     monkeypatch.setenv("CHUNKPILOT_CONTENDED_CORES", "0.25")  # the default (the suite's own is lifted)
     spec = Spec.from_dict({**TINY, "cv_threshold": 9.0, "max_remeasure": 1})  # never noisy
     config = spec.configs[0]
@@ -476,7 +505,7 @@ def test_a_config_timed_beside_other_work_is_measured_again_and_training_leaves_
     quiet = measuring.measure_config(pool, config, spec, hardware)
     assert quiet.remeasured.iloc[0] == 1 and (quiet.foreign_cores == 0.02).all() and not contended(quiet).any()
     assert (quiet.repeats == spec.repeats).all()  # the passes beside other work were dropped, not added to
-    loads = iter([1.5, 1.2])
+    loads[:] = [1.5, 1.2]
     busy = measuring.measure_config(pool, config, spec, hardware)
     assert busy.remeasured.iloc[0] == 1 and (busy.foreign_cores == 1.2).all() and contended(busy).all()
 

@@ -189,6 +189,39 @@ def test_training_reads_repeated_prefills_as_one_measurement_per_size(tmp_path):
     assert lonely_group in set(table.rows.group) and lonely_group not in tested
 
 
+def test_training_describes_a_profiled_machine_s_telemetry_by_its_profile_as_the_service_does(small_dataset, tmp_path):
+    """The engine's own cached descriptors (here a machine read at two thirds of its GFLOP/s, as a
+    measurement beside other work reads it) never reach training for a machine profiled at that
+    dtype and threads: the service prices such a request by the profile (resolve_hardware), so
+    training sees those features; a machine never profiled keeps its own."""
+    import shutil
+
+    data = tmp_path / "ttft"
+    shutil.copytree(small_dataset, data)
+    profiled = read_dataset(data).iloc[0]
+    slow = Hardware(
+        hardware_id=profiled.hardware_id, matmul_gflops=profiled.matmul_gflops / 1.5,
+        bandwidth_gbs=profiled.bandwidth_gbs / 1.5, call_overhead_ms=profiled.call_overhead_ms * 1.5, cores=2,
+    )  # fmt: skip
+    request = ChunkRequest(
+        context_length=1000, model="llama-tiny", hardware=slow, threads=int(profiled.threads), dtype=profiled["dtype"]
+    )
+    unknown = request.model_copy(update={"hardware": HARDWARE})
+    partition = Partition(data / "telemetry")
+    timed = {"chunk_ms": [30.0] * 4, "prefill_ms": 120.0, "ttft_ms": 123.0}  # within what either machine allows
+    partition.append(
+        [Outcome.model_validate(outcome(request=r.model_dump(mode="json"), **timed)) for r in (request, unknown)]
+    )
+    rows = load_table(data).rows
+    mine = rows[(rows.hardware_id == profiled.hardware_id) & (rows.threads == profiled.threads)]
+    mine = mine[mine["dtype"] == profiled["dtype"]]
+    seen = mine.spec_name == "telemetry"
+    assert seen.sum() == 1
+    for column in ("matmul_gflops", "bandwidth_gbs", "call_overhead_ms"):
+        assert mine[seen][column].item() == pytest.approx(mine[~seen][column].median())
+    assert rows[rows.hardware_id == HARDWARE.hardware_id].matmul_gflops.item() == HARDWARE.matmul_gflops
+
+
 def answer_with_runner_up(best_ms: float, other_ms: float, sd: float = 0.2):
     """An answer whose runner-up is predicted `other_ms`, the members' spread of the gap `sd` (log ms)."""
     import math

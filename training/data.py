@@ -129,6 +129,28 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([rows[~seen], merged[rows.columns]], ignore_index=True)
 
 
+DESCRIPTORS = ["matmul_gflops", "bandwidth_gbs", "call_overhead_ms"]  # a machine's measured columns
+
+
+def profiled_descriptors(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows, telemetry described as the service describes its requests: a machine profiled at
+    the row's dtype and threads by its profiled descriptors (the median of its profiled rows, as
+    `hardware_table` and estimator.decide.resolve_hardware give them), not by the engine's own
+    cached measurement, which the service never reads for such a machine (measured beside other
+    work, one read this machine at a third of its GFLOP/s): training sees the features serving
+    computes."""
+    seen = (rows.spec_name == "telemetry").to_numpy()
+    if not seen.any() or seen.all():
+        return rows
+    keys = ["hardware_id", "dtype", "threads"]
+    profiled = rows[~seen].groupby(keys)[DESCRIPTORS].median()
+    found = profiled.reindex(pd.MultiIndex.from_frame(rows.loc[seen, keys])).to_numpy()  # [telemetry rows, 3]
+    known = ~np.isnan(found).any(axis=1)
+    out = rows.copy()
+    out.loc[rows.index[seen][known], DESCRIPTORS] = found[known]
+    return out
+
+
 def load_table(path: Path, older_engines: bool = False) -> Table:
     """Read and check the dataset (exit-2 errors name what is wrong), then build the features. Rows
     measured by code of their kernel that no longer runs (store.dataset.KERNEL_SINCE) are left
@@ -152,7 +174,7 @@ def load_table(path: Path, older_engines: bool = False) -> Table:
         rows = rows[~busy]
         if rows.empty:
             raise DataError("data", f"every row of {path} was timed beside other work: measure on a quiet machine")
-    rows = merge_telemetry(rows)
+    rows = merge_telemetry(profiled_descriptors(rows))
     configs = rows.config_key.nunique()
     if configs < 2:
         raise DataError("data", f"{path} holds one config only ({rows.config_key.iloc[0]}): nothing to hold out")
@@ -179,7 +201,7 @@ def telemetry_since(path: Path, since: pd.Timestamp) -> Table | None:
     """The engine's prefills that finished after `since`, merged per (config, size, machine), only
     the configs measured at two sizes or more: what can judge a choice between models trained
     before `since` (None: nothing to judge on)."""
-    rows = read_dataset(Path(path))
+    rows = profiled_descriptors(read_dataset(Path(path)))
     rows, _ = trusted_telemetry(rows[(rows.spec_name == "telemetry") & (rows.finished_at > since)])
     if rows.empty:
         return None
@@ -210,12 +232,11 @@ def hardware_table(rows: pd.DataFrame) -> dict:
     """Each machine in the data: its fingerprint and its descriptors per "dtype/threads". Logged
     with the model, so the service can resolve a request's hardware_id (predictor/model.py)."""
     static = ["device_kind", "device_name", "cores", "l2_cache_bytes", "l3_cache_bytes", "memory_bytes"]
-    measured = ["matmul_gflops", "bandwidth_gbs", "call_overhead_ms"]
     return {
         str(hardware_id): {
             "static": json.loads(machine[static].iloc[0].to_json()),
             "descriptors": {
-                descriptor_key(dtype, threads): json.loads(g[measured].median().to_json())
+                descriptor_key(dtype, threads): json.loads(g[DESCRIPTORS].median().to_json())
                 for (dtype, threads), g in machine.groupby(["dtype", "threads"])
             },
         }

@@ -3,7 +3,8 @@ and its children used (and, on a virtual machine, the time the host stole), in c
 /proc. A config timed beside a test suite or another job reads slow, and more at small chunks (more
 calls, each waiting for a core). The profiler re-measures such a config and records the figure in
 every row (`foreign_cores`); training leaves out the rows above the dataset's limit
-(store.dataset.contended_limit)."""
+(store.dataset.contended_limit). A machine's descriptors measured beside other work are not cached
+(engine.hardware.descriptors)."""
 
 from __future__ import annotations
 
