@@ -299,6 +299,8 @@ class Hardware(Contract):
 
 
 DESCRIPTORS = tuple(name for name in Hardware.model_fields if name != "hardware_id")
+# those a machine measures per dtype and thread count (the profiler and the engine cache them so); the rest are static
+MEASURED = ("matmul_gflops", "bandwidth_gbs", "call_overhead_ms")
 
 
 def descriptor_key(dtype: str, threads: int) -> str:

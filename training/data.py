@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from chunkpilot.chunks import DEFAULT_CHUNKS, feasible_chunks
-from chunkpilot.contract import descriptor_key, window_column
+from chunkpilot.contract import MEASURED, descriptor_key, window_column
 from chunkpilot.features import INPUT_COLUMNS, build
 from estimator.cost_models import Measured
 from judge.lineup import MeasuredConfig, anchor_key
@@ -129,9 +129,6 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([rows[~seen], merged[rows.columns]], ignore_index=True)
 
 
-DESCRIPTORS = ["matmul_gflops", "bandwidth_gbs", "call_overhead_ms"]  # a machine's measured columns
-
-
 def profiled_descriptors(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows, telemetry described as the service describes its requests: a machine profiled at
     the row's dtype and threads by its profiled descriptors (the median of its profiled rows, as
@@ -143,11 +140,11 @@ def profiled_descriptors(rows: pd.DataFrame) -> pd.DataFrame:
     if not seen.any() or seen.all():
         return rows
     keys = ["hardware_id", "dtype", "threads"]
-    profiled = rows[~seen].groupby(keys)[DESCRIPTORS].median()
+    profiled = rows[~seen].groupby(keys)[list(MEASURED)].median()
     found = profiled.reindex(pd.MultiIndex.from_frame(rows.loc[seen, keys])).to_numpy()  # [telemetry rows, 3]
     known = ~np.isnan(found).any(axis=1)
     out = rows.copy()
-    out.loc[rows.index[seen][known], DESCRIPTORS] = found[known]
+    out.loc[rows.index[seen][known], list(MEASURED)] = found[known]
     return out
 
 
@@ -236,7 +233,7 @@ def hardware_table(rows: pd.DataFrame) -> dict:
         str(hardware_id): {
             "static": json.loads(machine[static].iloc[0].to_json()),
             "descriptors": {
-                descriptor_key(dtype, threads): json.loads(g[DESCRIPTORS].median().to_json())
+                descriptor_key(dtype, threads): json.loads(g[list(MEASURED)].median().to_json())
                 for (dtype, threads), g in machine.groupby(["dtype", "threads"])
             },
         }
