@@ -30,7 +30,8 @@ def test_json_for_every_preset(capsys, preset):
     assert report["config"]["parameters"] == PRESETS[preset].parameters  # the light count matches the real model
     assert (report["context_length"], report["chunk_size"], report["num_chunks"]) == (64, 16, 4)
     run = report["repeats"][0]
-    assert len(run["chunk_ms"]) == 4 and math.isclose(sum(run["chunk_ms"]), run["prefill_ms"], rel_tol=0.05)
+    assert len(run["chunk_ms"]) == 4  # the prefill is its chunks, less a scheduler's stall between them
+    assert math.isclose(sum(run["chunk_ms"]), run["prefill_ms"], rel_tol=0.05, abs_tol=1.0)
     parts = run["tokenize_ms"] + run["decision_ms"] + run["prefill_ms"] + run["first_decode_ms"]
     assert parts <= run["ttft_ms"] and run["kv_cache_bytes"] > 0 and run["peak_memory_bytes"] > 0
     assert report["runtime"]["allocator"].startswith("glibc mallopt")

@@ -450,18 +450,19 @@ def test_demo_comparison_table(server, tmp_path):
     assert "gross" in bound and "net cold" in bound
 
 
-def test_the_demo_s_learning_phase_teaches_the_service_its_prefills(trained_store, tmp_path):
+def test_the_demo_s_learning_phase_teaches_the_service_its_prefills(trained_store, tmp_path, monkeypatch):
     from cli.demo import learn_with_service
 
+    # the plausibility floor is the fixture's machine as profiled beside the other worker: here no
+    # real prefill is refused for beating it, so every one is accepted and teaches
+    monkeypatch.setattr("chunkpilot.plausibility.SLACK", 1e6)
     workloads = [Workload(300), Workload(500, AttentionConfig(64, "ring"))]
     with serve(create_app(settings(trained_store, telemetry_dir=tmp_path))) as url:
         said = learn_with_service("llama-tiny", url, workloads, passes=2)
         assert said.startswith("learning from 4 prefills") and "0 dropped" in said
-        # every outcome the service accepted taught the correction (one whose chunk times beat the
-        # fixture's machine, measured while the other worker ran, is refused as implausible: 4 or fewer)
         accepted = re.search(r'chunkpilot_outcomes_total\{result="accepted"\} (\S+)', httpx.get(f"{url}/metrics").text)
         learnt = httpx.get(f"{url}/v1/model").json()["learnt_from_prefills"]
-        assert 1 <= learnt == float(accepted[1]) <= 4
+        assert learnt == float(accepted[1]) == 4
 
 
 def test_a_model_registered_before_recipes_is_refused_with_the_reason(tmp_path, monkeypatch):

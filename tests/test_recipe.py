@@ -172,24 +172,28 @@ def test_the_correction_moves_what_this_machine_measured_and_its_kind_only(fold)
     measured = test.x[(config & (rows.chunk_size == 64)).to_numpy()]  # [1, FEATURES]
     larger = test.x[(config & (rows.chunk_size == 128)).to_numpy()]  # the same prompt in chunks of 128
     other_kind = test.x[(rows.model != rows.model[config].iloc[0]).to_numpy()][:1]  # another model shape
-    before = {
-        name: recipe.members(x).mean()
-        for name, x in (("measured", measured), ("larger", larger), ("other", other_kind))
-    }
+
+    def chunks(x: np.ndarray) -> float:  # the mean log ms of its plan's chunks, corrected
+        _, q, h = expand(x)
+        return float(np.log(recipe.chunk_ms(x[[0] * len(q)], q, h)).mean())
+
+    plans = {name: recipe.members(x).mean() for name, x in (("measured", measured), ("other", other_kind))}
+    before = {"measured": chunks(measured), "larger": chunks(larger)}
     _, q, h = expand(measured)
     predicted = np.exp(recipe.cost.chunk_log_ms(measured[[0] * len(q)], q, h).mean(0))
     recipe.correction = Correction()
     try:
         for _ in range(20):  # twenty prefills, each chunk 1.25x as slow as predicted (within the clip)
             recipe.correction.learn(*recipe.residuals(measured, (1.25 * predicted).tolist()))
-        assert math.log(1.2) < recipe.members(measured).mean() - before["measured"] <= math.log(1.25)
-        assert recipe.members(other_kind).mean() == pytest.approx(before["other"])  # another kind: untouched
+        # the chunks it measured: (a first decode step and the tokenizer, not chunk times, move less)
+        assert math.log(1.2) < chunks(measured) - before["measured"] <= math.log(1.25)
+        assert 0 < recipe.members(measured).mean() - plans["measured"] <= math.log(1.25)
+        assert recipe.members(other_kind).mean() == pytest.approx(plans["other"])  # another kind: untouched
         # never measured here, it moves with the machine's level (and less than the size it measured)
-        moved = recipe.members(larger).mean() - before["larger"]
-        assert math.log(1.1) < moved <= math.log(1.25)
+        assert math.log(1.1) < chunks(larger) - before["larger"] <= math.log(1.25)
         for _ in range(20):  # twenty more at 100x: each chunk's residual is clipped, the shift stays bounded
             recipe.correction.learn(*recipe.residuals(measured, (100 * predicted).tolist()))
-        assert recipe.members(measured).mean() - before["measured"] <= CLIP
+        assert chunks(measured) - before["measured"] <= CLIP
     finally:
         recipe.correction = None
 
