@@ -287,9 +287,8 @@ def test_breaker_opens_then_closes_after_the_service_returns(trained_store):
     policy = AutoPolicy(f"http://127.0.0.1:{port}", 0.2, Hardware(**HARDWARE), Breaker(failures=2, cooldown_s=0.5))
     assert [policy.decide(features(n)).source for n in (1000, 2000)] == ["fallback", "fallback"]
     assert policy.breaker.is_open
-    t0 = time.perf_counter()
-    assert policy.decide(features(4000)).source == "fallback"  # open: not even asked
-    assert time.perf_counter() - t0 < 0.01
+    opened = policy.decide(features(4000))  # open: not even asked
+    assert opened.source == "fallback" and opened.reason.startswith("circuit breaker open after 2 failures")
     with serve(create_app(settings(trained_store)), port=port):
         time.sleep(0.5)
         assert policy.decide(features(4000)).source == "service"  # the probe succeeds

@@ -250,7 +250,7 @@ def test_two_replicas_follow_one_alias_through_a_promotion(tmp_path, small_datas
 def test_engine_completes_every_prefill_while_the_service_dies_and_returns(trained_store, engines):
     engine = engines("llama-tiny")
     port = free_port()
-    timeout_s, cooldown_s = 0.2, 1.0
+    timeout_s, cooldown_s = 1.0, 1.0  # a fresh service's first answers share its cores with its forests' compiler
     policy = AutoPolicy(
         f"http://127.0.0.1:{port}", timeout_s, Hardware(**HARDWARE), Breaker(failures=2, cooldown_s=cooldown_s)
     )
