@@ -114,20 +114,18 @@ def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", 
         with ForeignLoad() as load:
             measured = measure_descriptors(dtype, threads, device)
         if (load.cores or 0.0) <= contended_limit():
-            break
-    else:
-        print(
-            f"chunkpilot: other work kept {load.cores:.2f} cores busy while this machine was measured "
-            f"({TRIES} times): its descriptors are not cached, the next process measures again",
-            file=sys.stderr,
-            flush=True,
-        )
-        return {**fp, **measured}
-    cached[key] = measured
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+            cached[key] = measured
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+            return {**fp, **measured}
+    print(
+        f"chunkpilot: other work kept {load.cores:.2f} cores busy while this machine was measured "
+        f"({TRIES} times): its descriptors are not cached, the next process measures again",
+        file=sys.stderr,
+        flush=True,
+    )
     return {**fp, **measured}
 
 

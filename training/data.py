@@ -129,6 +129,15 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([rows[~seen], merged[rows.columns]], ignore_index=True)
 
 
+MACHINE_AT = ["hardware_id", "dtype", "threads"]  # a machine's descriptors are measured per dtype and threads
+
+
+def descriptor_medians(rows: pd.DataFrame) -> pd.DataFrame:
+    """[(hardware_id, dtype, threads), MEASURED] each machine's descriptors as the model knows them:
+    the median of its rows at that dtype and thread count."""
+    return rows.groupby(MACHINE_AT)[list(MEASURED)].median()
+
+
 def profiled_descriptors(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows, telemetry described as the service describes its requests: a machine profiled at
     the row's dtype and threads by its profiled descriptors (the median of its profiled rows, as
@@ -139,9 +148,8 @@ def profiled_descriptors(rows: pd.DataFrame) -> pd.DataFrame:
     seen = (rows.spec_name == "telemetry").to_numpy()
     if not seen.any() or seen.all():
         return rows
-    keys = ["hardware_id", "dtype", "threads"]
-    profiled = rows[~seen].groupby(keys)[list(MEASURED)].median()
-    found = profiled.reindex(pd.MultiIndex.from_frame(rows.loc[seen, keys])).to_numpy()  # [telemetry rows, 3]
+    profiled = descriptor_medians(rows[~seen])
+    found = profiled.reindex(pd.MultiIndex.from_frame(rows.loc[seen, MACHINE_AT])).to_numpy()  # [telemetry rows, 3]
     known = ~np.isnan(found).any(axis=1)
     out = rows.copy()
     out.loc[rows.index[seen][known], list(MEASURED)] = found[known]
@@ -229,12 +237,13 @@ def hardware_table(rows: pd.DataFrame) -> dict:
     """Each machine in the data: its fingerprint and its descriptors per "dtype/threads". Logged
     with the model, so the service can resolve a request's hardware_id (predictor/model.py)."""
     static = ["device_kind", "device_name", "cores", "l2_cache_bytes", "l3_cache_bytes", "memory_bytes"]
+    medians = descriptor_medians(rows)
     return {
         str(hardware_id): {
             "static": json.loads(machine[static].iloc[0].to_json()),
             "descriptors": {
-                descriptor_key(dtype, threads): json.loads(g[list(MEASURED)].median().to_json())
-                for (dtype, threads), g in machine.groupby(["dtype", "threads"])
+                descriptor_key(dtype, threads): json.loads(measured.to_json())
+                for (dtype, threads), measured in medians.loc[hardware_id].iterrows()
             },
         }
         for hardware_id, machine in rows.groupby("hardware_id")
