@@ -5,7 +5,7 @@ measured matmul peak allows (its projections and MLP alone, 2 FLOPs per weight p
 bound on its work), nor take less than 1/SLACK of the machine's measured per-forward overhead
 (one token through a one-layer model: any chunk of any model does more).
 
-SLACK is 2. Over the 3,164 shipped rows with chunk times (2026-12-07), the fastest chunk computed at
+SLACK is 2. Over the 3,192 shipped rows with chunk times (2026-12-07), the fastest chunk computed at
 0.98x its machine's measured matmul peak and the shortest took 1.9x its per-forward overhead, so the
 floor sits 2.0x and 3.7x below anything measured (tests/test_attacks.py checks every shipped row passes);
 an outcome that claims more is refused, and what stays within it is bounded by the correction's clip.
