@@ -3,6 +3,7 @@ gate keeps a better champion; training works against a real `mlflow server`."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from estimator.recipe import DEFAULT, RECIPES
 from store.registry import MODEL_NAME
 from training.baselines import baselines
 from training.data import load_table
-from training.promotion import judge
+from training.promotion import gate, judge
 from training.served import served_fit
 
 
@@ -144,6 +145,31 @@ def test_gate_promotes_only_a_strictly_better_model():
     worse = judge(0.05, ("3", 0.02))
     assert worse.alias == "challenger" and "does not beat champion v3's 0.0200" in worse.reason
     assert judge(0.02, ("3", 0.02)).alias == "challenger"  # a tie keeps the champion
+
+
+def test_the_champion_s_recipe_retrained_waits_on_new_telemetry_and_says_its_new_profiled_rows_wait_too():
+    """A unit test with a stub of MLflow's client (a fake, saying so): the champion's run params are
+    all the gate reads. More profiled rows alone promote; more telemetry makes a waiting challenger,
+    whose reason names the profiled rows it holds too (a backend just profiled is not served yet)."""
+    from types import SimpleNamespace
+
+    recipe = {"name": DEFAULT, "z": 2.0}
+    params = {"recipe": json.dumps(recipe), "profiled_rows": "100", "telemetry_prefills": "10"}
+    client = SimpleNamespace(
+        get_model_version_by_alias=lambda name, alias: SimpleNamespace(version="1", run_id="r1"),
+        get_run=lambda run_id: SimpleNamespace(data=SimpleNamespace(params=params)),
+    )
+
+    def verdict(rows: tuple[int, int]):
+        return gate(client, {"all": 0.03}, recipe, rows, lambda theirs: {}, {})
+
+    profiled = verdict((128, 10))
+    assert profiled.alias == "champion" and "on 28 more profiled rows" in profiled.reason
+    both = verdict((128, 34))
+    assert both.alias == "challenger" and both.waits
+    assert "on 24 more prefills of telemetry and 28 more profiled rows, which serve once it is promoted" in both.reason
+    telemetry = verdict((100, 34))
+    assert telemetry.waits and "profiled rows" not in telemetry.reason
 
 
 def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, store, capsys):

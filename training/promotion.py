@@ -134,10 +134,12 @@ def gate(
         more = rows[0] - int(run.get("profiled_rows", run.get("rows", 0)))
         telemetry = rows[1] - int(run.get("telemetry_prefills", 0))
         if telemetry > 0:
+            # the profiled rows wait with the telemetry: say so, or a backend just profiled seems ignored
+            also = f" and {more} more profiled rows, which serve once it is promoted" if more > 0 else ""
             return Verdict(
                 CHALLENGER,
                 f"champion v{version.version}'s recipe retrained on {telemetry} more prefills "
-                "of telemetry: the challenger until it beats the champion on prefills it has not seen",
+                f"of telemetry{also}: the challenger until it beats the champion on prefills it has not seen",
                 version.version,
                 new["all"],
                 waits=True,
