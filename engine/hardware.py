@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from chunkpilot.cache import user_cache_dir
+from chunkpilot.cache import user_cache_dir, write_atomically
 from chunkpilot.contract import Hardware, descriptor_key
 from store.dataset import contended_limit
 
@@ -115,10 +114,7 @@ def descriptors(cache_dir: Path, dtype: str, threads: int, device: str = "cpu", 
             measured = measure_descriptors(dtype, threads, device)
         if (load.cores or 0.0) <= contended_limit():
             cached[key] = measured
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
-            os.replace(tmp, path)
+            write_atomically(path, json.dumps(cached, indent=1, sort_keys=True))
             return {**fp, **measured}
     print(
         f"chunkpilot: other work kept {load.cores:.2f} cores busy while this machine was measured "

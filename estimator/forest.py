@@ -32,7 +32,7 @@ from pathlib import Path
 import lightgbm as lgb
 import numpy as np
 
-from chunkpilot.cache import user_cache_dir
+from chunkpilot.cache import user_cache_dir, write_atomically
 
 COMPILE_S = 1800  # the longest a compile may take (5 x 300 inlined trees: a few minutes of a core)
 BUSY, POLL_S = 2, 1.0  # the child's exit code when another process compiles the same key; its poll
@@ -216,9 +216,7 @@ def _written(path: Path, text: str) -> Path:
     """`path` holding `text`, written under a private name and renamed (no reader sees half); a
     file there already holds it (its name is the digest of the text: `_key`)."""
     if not path.is_file():
-        partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(text)
-        os.replace(partial, path)
+        write_atomically(path, text)
     return path
 
 
