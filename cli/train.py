@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     def record(result: TrainResult) -> None:  # the held-out table, for docs/results.md and the README
         command = shlex.join(["chunkpilot", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "chunkpilot train"
-        append_record(train_record(command, result.metrics, result.recipe, LINEUP))
+        append_record(train_record(command, result.metrics, result.recipe, LINEUP, result.sources))
 
     data = None if args.from_tracking else args.data
     said = train_and_report(

@@ -95,9 +95,15 @@ def race_record(ev, command: str, seed: int | None, backend: str, model: str) ->
     }
 
 
-def train_record(command: str, metrics: dict[str, dict[str, dict[str, float]]], served: str, lineup: set[str]) -> dict:
-    """A training's record: per held-out slice, the served recipe's mean and p95 regret and the
-    strongest simple baseline's."""
+def train_record(
+    command: str,
+    metrics: dict[str, dict[str, dict[str, float]]],
+    served: str,
+    lineup: set[str],
+    sources: dict[str, int],
+) -> dict:
+    """A training's record: what it read (configs per spec, training.train.data_sources), and per
+    held-out slice the served recipe's mean and p95 regret and the strongest simple baseline's."""
     slices = {}
     for s in metrics[served]:
         simple = [n for n in metrics if n in lineup]
@@ -107,7 +113,7 @@ def train_record(command: str, metrics: dict[str, dict[str, dict[str, float]]], 
             "strongest": best,
             "baseline": [metrics[best][s]["mean_regret"], metrics[best][s]["p95_regret"]] if best else None,
         }
-    return {**stamp(command), "kind": "train", "recipe": served, "slices": slices}
+    return {**stamp(command), "kind": "train", "recipe": served, "sources": sources, "slices": slices}
 
 
 def memory_record(command: str, report) -> dict:
@@ -196,6 +202,15 @@ def _prompts_label(record: dict) -> str:
     return "given prompts" if record["seed"] is None else f"prompts of seed {record['seed']}"
 
 
+def _sources_label(record: dict, names_only: bool = False) -> str:
+    """What a training read: its configs and their specs (records before they said so: not recorded)."""
+    sources = record.get("sources")
+    if not sources:
+        return "data not recorded"
+    specs = ", ".join(name if names_only else f"{name} {n}" for name, n in sources.items())
+    return f"{sum(sources.values())} configs ({specs})"
+
+
 def _machine_label(record: dict) -> str:
     return f"{record['device_name']} `{record['hardware_id']}`"
 
@@ -226,14 +241,16 @@ def render_results(records: Iterable[dict]) -> str:
         "",
         "### Training: held-out mean regret of the served recipe against the strongest simple baseline of each slice",
         "",
-        "| date | commit | machine | command | slice | auto mean / p95 | strongest simple baseline | its mean / p95 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| date | commit | machine | command | trained on | slice | auto mean / p95 | strongest simple baseline "
+        "| its mean / p95 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in trains:
         for s, v in r["slices"].items():
             theirs = f"{v['baseline'][0]:.1%} / {v['baseline'][1]:.1%}" if v["baseline"] else "n/a"
             lines.append(
-                f"| {r['when'][:10]} | {r['commit']} | {_machine_label(r)} | `{r['command']}` | {s} "
+                f"| {r['when'][:10]} | {r['commit']} | {_machine_label(r)} | `{r['command']}` "
+                f"| {_sources_label(r)} | {s} "
                 f"| {v['auto'][0]:.1%} / {v['auto'][1]:.1%} | {v['strongest']} | {theirs} |"
             )
     return "\n".join(lines)
@@ -262,7 +279,8 @@ def render_readme(records: Iterable[dict]) -> str:
         else:
             v = r["slices"]["all"]
             lines.append(
-                f"| held-out configs of the data, trained on {_machine_label(r)} | mean regret vs the measured best "
+                f"| held-out configs, trained on {_machine_label(r)}: {_sources_label(r, names_only=True)} "
+                "| mean regret vs the measured best "
                 f"| {v['auto'][0]:.1%} | {v['strongest']} {v['baseline'][0]:.1%} | `{r['command']}` |"
             )
     return "\n".join(lines)

@@ -169,3 +169,22 @@ def test_a_race_s_row_shows_its_hindsight_bound_and_older_records_say_they_have_
     # after auto's net cold against the strongest: the bound, then auto against the hand rule (none here)
     assert "| +0.0% [-2.0%, +2.0%] | +2.0% [+0.5%, +4.0%] (+2.1%) | n/a |" in rows[0]
     assert "| +0.0% [-2.0%, +2.0%] | n/a | n/a |" in rows[1]
+
+
+def test_a_training_s_row_names_the_data_it_read_and_older_records_say_they_did_not():
+    """Made-up records (not measurements): a training's record keeps its configs per spec
+    (training.train.data_sources); the results page and the README's table name them, and a record
+    from before they were kept says so rather than guess."""
+    from evaluation.records import render_readme, render_results
+
+    slices = {"all": {"auto": [0.022, 0.09], "strongest": "one-shot", "baseline": [0.023, 0.1]}}
+    stamp = {"commit": "abc1234", "device_name": "AMD EPYC", "hardware_id": "0123456789ab"}
+    train = {**stamp, "kind": "train", "when": "2026-12-07T08:00:00+00:00", "command": "chunkpilot train"}
+    trained = {**train, "recipe": "per-chunk", "slices": slices, "sources": {"cpu-shipped": 71, "llama-cpp": 22}}
+    older = {**train, "command": "chunkpilot train --compare quick", "recipe": "per-chunk", "slices": slices}
+    rows = [line for line in render_results([trained, older]).splitlines() if "| abc1234 |" in line]
+    assert "| 93 configs (cpu-shipped 71, llama-cpp 22) | all |" in rows[0]
+    assert "| data not recorded | all |" in rows[1]
+    readme = render_readme([trained, older])
+    assert "trained on AMD EPYC `0123456789ab`: 93 configs (cpu-shipped, llama-cpp) |" in readme
+    assert "trained on AMD EPYC `0123456789ab`: data not recorded |" in readme

@@ -344,7 +344,9 @@ def test_the_gate_keeps_a_champion_the_challenger_loses_to_on_recent_prefills():
 
 def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_dataset, tmp_path, engines, monkeypatch):
     """A retrain on telemetry makes a challenger, not a champion; the next retrain judges it against
-    the champion on the prefills that came after it (which neither has seen) and says so."""
+    the champion on the prefills that came after it (which neither has seen) and says so. A config
+    profiled meanwhile is promoted at once, with only the champion's telemetry, while the newer
+    telemetry waits in the challenger."""
     import shutil
 
     from conftest import QUICK_ARGS, train_into_store
@@ -355,9 +357,11 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
     from engine.policy import FixedPolicy
     from store.registry import LAST_RETRAIN, MODEL_NAME
 
-    uri = train_into_store(small_dataset, tmp_path)  # v1, trained without telemetry
     root = tmp_path / "data"
     shutil.copytree(small_dataset, root / "profiled")
+    later = sorted((root / "profiled").rglob("*.parquet"))[-1]  # a config profiled after v2: kept aside
+    later.rename(tmp_path / later.name)
+    uri = train_into_store(root / "profiled", tmp_path)  # v1, trained without telemetry
     engine = engines("llama-tiny")
     text = engine.text(Workload(700))
 
@@ -395,18 +399,30 @@ def test_retrain_learns_from_measured_telemetry_and_says_what_it_did(small_datas
         assert httpx.get(f"{url}/readyz").json()["challenger"] == "2"
 
     prefills([(600, None), (400, 128), (650, 256)], every_size=True)  # after v2: seen by neither v1 nor v2
+    (tmp_path / later.name).rename(later)  # and a config profiled meanwhile
     assert main(["retrain", "--data", str(root), *QUICK_ARGS]) == 0
-    judged = retrained().split("(before it: ")[1]
+    said = retrained()
+    judged = said.split("(before it: ")[1].split("; v3 ")[0]  # what settle said, before v3's registration
     assert "on 3 configs of prefills neither had seen" in judged, judged
     promoted = judged.startswith("challenger v2 promoted")
     assert promoted or judged.startswith("challenger v2 not promoted")
     theirs, ours = (float(x.split()[0]) for x in judged.split("mean regret ")[1].split("'s "))
     assert promoted == (theirs < ours)
-    assert alias("champion") == ("2" if promoted else "1") and alias("challenger") == "3"
+    # the new config serves now (v3: the profiled rows with the champion's own telemetry only), the
+    # new telemetry waits (v4, judged against v3 on the prefills after it)
+    held = "8" if promoted else "0"
+    assert f"v3 champion: champion v{2 if promoted else 1}'s recipe retrained on " in said, said
+    assert f"more profiled rows with only the {held} prefills of telemetry it had" in said
+    assert said.startswith("v4 challenger: champion v3's recipe retrained on "), said
+    assert (alias("champion"), alias("challenger")) == ("3", "4")
+    params = [client.get_run(client.get_model_version(MODEL_NAME, v).run_id).data.params for v in ("3", "4")]
+    assert params[0]["telemetry_prefills"] == held and int(params[1]["telemetry_prefills"]) > 8
+    assert params[0]["profiled_rows"] == params[1]["profiled_rows"]
+    assert "Not held out on its own" in client.get_model_version(MODEL_NAME, "3").description
 
     assert main(["retrain", "--data", str(tmp_path / "nothing")]) == 2  # a failed retrain: champion kept
     assert retrained().startswith("failed: DataError")
-    assert alias("champion") == ("2" if promoted else "1")  # still serving
+    assert alias("champion") == "3"  # still serving
     app = create_app(Settings(tracking_uri=uri, poll_interval_s=0, telemetry_dir=tmp_path / "t"))
     with serve(app) as url:
         assert httpx.get(f"{url}/readyz").json()["last_retrain"].startswith("failed: DataError")

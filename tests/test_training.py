@@ -147,29 +147,39 @@ def test_gate_promotes_only_a_strictly_better_model():
     assert judge(0.02, ("3", 0.02)).alias == "challenger"  # a tie keeps the champion
 
 
-def test_the_champion_s_recipe_retrained_waits_on_new_telemetry_and_says_its_new_profiled_rows_wait_too():
+def test_the_champion_s_recipe_retrained_on_new_telemetry_waits_and_its_new_profiled_rows_are_promoted_first():
     """A unit test with a stub of MLflow's client (a fake, saying so): the champion's run params are
-    all the gate reads. More profiled rows alone promote; more telemetry makes a waiting challenger,
-    whose reason names the profiled rows it holds too (a backend just profiled is not served yet)."""
+    all the gate reads. More profiled rows alone promote; more telemetry makes a waiting challenger.
+    With both, the verdict names the champion's telemetry (its count and its latest finish) so that
+    training can promote the new profiled rows with only that telemetry first (a backend just
+    profiled serves at once); a champion whose run does not say when its telemetry ends (an older
+    ChunkPilot) leaves the profiled rows waiting, as its reason says."""
     from types import SimpleNamespace
 
-    recipe = {"name": DEFAULT, "z": 2.0}
-    params = {"recipe": json.dumps(recipe), "profiled_rows": "100", "telemetry_prefills": "10"}
-    client = SimpleNamespace(
-        get_model_version_by_alias=lambda name, alias: SimpleNamespace(version="1", run_id="r1"),
-        get_run=lambda run_id: SimpleNamespace(data=SimpleNamespace(params=params)),
-    )
+    from training.promotion import ProfiledFirst
 
-    def verdict(rows: tuple[int, int]):
+    recipe = {"name": DEFAULT, "z": 2.0}
+    through = "2026-12-07T10:00:00.123456+00:00"
+
+    def verdict(rows: tuple[int, int], telemetry: int = 10, **params: str):
+        params = {"recipe": json.dumps(recipe), "profiled_rows": "100", "telemetry_prefills": str(telemetry), **params}
+        client = SimpleNamespace(
+            get_model_version_by_alias=lambda name, alias: SimpleNamespace(version="1", run_id="r1"),
+            get_run=lambda run_id: SimpleNamespace(data=SimpleNamespace(params=params)),
+        )
         return gate(client, {"all": 0.03}, recipe, rows, lambda theirs: {}, {})
 
-    profiled = verdict((128, 10))
+    profiled = verdict((128, 10), telemetry_through=through)
     assert profiled.alias == "champion" and "on 28 more profiled rows" in profiled.reason
-    both = verdict((128, 34))
+    assert profiled.profiled_first is None
+    both = verdict((128, 34), telemetry_through=through)
     assert both.alias == "challenger" and both.waits
     assert "on 24 more prefills of telemetry and 28 more profiled rows, which serve once it is promoted" in both.reason
-    telemetry = verdict((100, 34))
-    assert telemetry.waits and "profiled rows" not in telemetry.reason
+    assert both.profiled_first == ProfiledFirst(28, 10, through)
+    assert verdict((128, 34), telemetry=0).profiled_first == ProfiledFirst(28, 0, "")  # it had none: all are new
+    assert verdict((128, 34)).profiled_first is None  # which prefills it had is unknown: all wait, as it says
+    telemetry = verdict((100, 34), telemetry_through=through)
+    assert telemetry.waits and "profiled rows" not in telemetry.reason and telemetry.profiled_first is None
 
 
 def test_a_model_that_is_not_better_does_not_become_champion(small_dataset, store, capsys):

@@ -102,8 +102,9 @@ def _joined(lists: pd.Series) -> list[float]:
 
 def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
     """Telemetry holds one row per prefill: the rows of one (config, chunk size, machine) become one
-    whose times are medians over them, like a profiled row's repeats. A config seen at one chunk size
-    only still teaches this machine's TTFT level; slices.py never judges a choice on it."""
+    whose times are medians over them, like a profiled row's repeats, spanning their first start and
+    their last finish. A config seen at one chunk size only still teaches this machine's TTFT level;
+    slices.py never judges a choice on it."""
     seen = rows.spec_name == "telemetry"
     if not seen.any():
         return rows
@@ -118,6 +119,8 @@ def merge_telemetry(rows: pd.DataFrame) -> pd.DataFrame:
                 "prefill_ms": "median",
                 "first_decode_ms": "median",
                 "ttft_ms": "median",
+                "started_at": "min",
+                "finished_at": "max",
                 "ttft_repeats_ms": _joined,
                 "prefill_repeats_ms": _joined,
                 "chunk_ms": lambda lists: np.median(np.stack(lists.to_list()), axis=0).tolist(),
@@ -156,14 +159,18 @@ def profiled_descriptors(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def load_table(path: Path, older_engines: bool = False) -> Table:
+def load_table(path: Path, older_engines: bool = False, telemetry_through: pd.Timestamp | None = None) -> Table:
     """Read and check the dataset (exit-2 errors name what is wrong), then build the features. Rows
     measured by code of their kernel that no longer runs (store.dataset.KERNEL_SINCE) are left
     out, saying how many, unless `older_engines`; so are rows timed beside other work
-    (store.dataset.contended), always."""
+    (store.dataset.contended), always; and the engine's prefills that finished after
+    `telemetry_through`, if given (the telemetry a model trained then had: training.promotion)."""
     if not Path(path).exists():
         raise DataError("data", f"{path} does not exist")
-    rows, refused = trusted_telemetry(read_dataset(Path(path)))
+    rows = read_dataset(Path(path))
+    if telemetry_through is not None:
+        rows = rows[(rows.spec_name != "telemetry") | (rows.finished_at <= telemetry_through)]
+    rows, refused = trusted_telemetry(rows)
     if refused:
         print(f"{len(refused)} telemetry rows refused (first: {refused[0]})", file=sys.stderr, flush=True)
     today = measured_by_today(rows)

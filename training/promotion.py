@@ -13,9 +13,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from chunkpilot.cache import user_cache_dir
 from store.registry import CHALLENGER, CHAMPION, MODEL_NAME, RECIPE, WAITS, record_retrain
+
+TELEMETRY_THROUGH = "telemetry_through"  # the run param: when the latest prefill it trained on finished
 
 
 class AliasMoved(RuntimeError):
@@ -58,6 +61,14 @@ def current_champion(client) -> str | None:
         return None
 
 
+class ProfiledFirst(NamedTuple):
+    """What training needs to promote the new profiled rows before the new telemetry is judged."""
+
+    profiled: int  # profiled rows more than the champion's
+    telemetry: int  # the champion's telemetry prefills
+    through: str  # when the latest of them finished (ISO; "": none)
+
+
 @dataclass(frozen=True)
 class Verdict:
     alias: str  # champion or challenger
@@ -65,6 +76,9 @@ class Verdict:
     champion_version: str | None  # the champion it was compared with
     champion_regret: float | None
     waits: bool = False  # a challenger that learnt from telemetry: `settle` may promote it later
+    # the champion's recipe retrained on more telemetry and more profiled rows: training promotes
+    # the recipe on the new profiled rows with only the champion's telemetry first (training.train)
+    profiled_first: ProfiledFirst | None = None
 
 
 def judge(
@@ -111,7 +125,9 @@ def gate(
     `all`). The champion's own recipe (training is deterministic) retrained on more profiled rows is
     promoted: profiles are measured the careful way and it has seen more of the machines it serves.
     Retrained on more telemetry, single and noisy prefills, it becomes the challenger: `settle`
-    promotes it once it has beaten the champion on this machine's prefills that came after it. A
+    promotes it once it has beaten the champion on this machine's prefills that came after it. On
+    both, the verdict names what training needs (`profiled_first`) to promote the recipe on the new
+    profiled rows with only the champion's telemetry first, the whole data then waiting. A
     champion whose run params differ from `compatible` (other features, another recipe format) or
     that was registered before recipes (an older ChunkPilot) cannot serve and is replaced."""
     from mlflow.exceptions import MlflowException
@@ -134,8 +150,11 @@ def gate(
         more = rows[0] - int(run.get("profiled_rows", run.get("rows", 0)))
         telemetry = rows[1] - int(run.get("telemetry_prefills", 0))
         if telemetry > 0:
-            # the profiled rows wait with the telemetry: say so, or a backend just profiled seems ignored
+            # the profiled rows wait with the telemetry unless training can promote them with the
+            # champion's own telemetry first (`profiled_first`): say so, or a backend just profiled seems ignored
             also = f" and {more} more profiled rows, which serve once it is promoted" if more > 0 else ""
+            had, through = int(run.get("telemetry_prefills", 0)), run.get(TELEMETRY_THROUGH)
+            known = had == 0 or bool(through)  # which prefills the champion had (params of older runs don't say)
             return Verdict(
                 CHALLENGER,
                 f"champion v{version.version}'s recipe retrained on {telemetry} more prefills "
@@ -143,6 +162,7 @@ def gate(
                 version.version,
                 new["all"],
                 waits=True,
+                profiled_first=ProfiledFirst(more, had, through or "") if more > 0 and known else None,
             )
         if more > 0:
             return Verdict(
@@ -201,17 +221,19 @@ def settle(
     return f"{name} promoted: {verdict}"
 
 
-def register(client, version: str, verdict: Verdict, new_regret: float, settled: str | None = None) -> None:
+def register(client, version: str, verdict: Verdict, new_regret: float | None, settled: str | None = None) -> None:
     """Move the verdict's alias to the freshly logged `version` and record why (after what `settle`
-    did to the challenger before it, if anything). Refused (AliasMoved) when the champion is no longer
-    the one the verdict was judged against: the version stays registered, with no alias."""
+    did to the challenger before it, if anything); `new_regret` its held-out mean regret (None: not
+    held out on its own). Refused (AliasMoved) when the champion is no longer the one the verdict
+    was judged against: the version stays registered, with no alias."""
     current, judged = current_champion(client), verdict.champion_version
     if current != (None if judged is None else str(judged)):
         reason = f"champion is v{current}, not v{judged} that v{version} was judged against: no alias moved"
         client.set_model_version_tag(MODEL_NAME, version, "promotion", reason)
         raise AliasMoved(reason)
     client.set_registered_model_alias(MODEL_NAME, verdict.alias, version)
-    client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
+    if new_regret is not None:
+        client.set_model_version_tag(MODEL_NAME, version, "mean_regret", f"{new_regret:.6f}")
     client.set_model_version_tag(MODEL_NAME, version, "promotion", verdict.reason)
     client.set_model_version_tag(MODEL_NAME, version, WAITS, str(verdict.waits).lower())
     record_retrain(

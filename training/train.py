@@ -10,7 +10,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -63,6 +63,10 @@ class TrainResult:
     rows: int
     configs: int
     memory: MemoryReport | None = None  # the memory model held out (None: no row measured its peak)
+    sources: dict[str, int] = field(default_factory=dict)  # configs per spec it read (data_sources)
+    # registered as champion just before `version`: the recipe on the new profiled rows with only the
+    # champion's telemetry, where the gate made `version` wait on new telemetry (training.promotion)
+    first: tuple[str, Verdict] | None = None
 
 
 def _log_dataset(table: Table, source: str) -> None:
@@ -81,15 +85,24 @@ def _row_counts(table: Table) -> tuple[int, int]:
     return int((~telemetry).sum()), int(table.rows.repeats[telemetry].sum())
 
 
+def data_sources(table: Table) -> dict[str, int]:
+    """Configs per spec the data holds (its profiles by name, the engine's prefills as `telemetry`):
+    what a training read, as its record and its run say."""
+    return {str(k): int(v) for k, v in table.rows.groupby("spec_name").group.nunique().items()}
+
+
 def data_description(table: Table) -> dict:
     """What a run trained on, in the params every run carries (so the compare view lines them up)."""
     import mlflow
 
+    telemetry = table.rows.finished_at[table.rows.spec_name == "telemetry"]
     return {
         "rows": len(table.rows),
         **dict(zip(("profiled_rows", "telemetry_prefills"), _row_counts(table), strict=True)),
+        promotion.TELEMETRY_THROUGH: telemetry.max().isoformat() if len(telemetry) else "",
         "rows_with_chunk_ms": int(table.rows.chunk_ms.notna().sum()),
         "configs": table.rows.group.nunique(),
+        "specs": ",".join(f"{name}:{n}" for name, n in data_sources(table).items()),
         "machines": ",".join(sorted(table.rows.hardware_id.unique())),
         "data_digest": mlflow.data.from_pandas(table.rows.drop(columns=LISTS)).digest,
     }
@@ -117,16 +130,25 @@ def baseline_description(policy, data: dict) -> dict:
     return {"what": f"baseline: {what}"[:500], **data}
 
 
-def version_description(recipe: Recipe, data: dict, metrics: dict[str, dict[str, float]]) -> str:
+def version_description(recipe: Recipe, data: dict, metrics: dict[str, dict[str, float]] | None) -> str:
     """The registered version's description in the MLflow UI: what it is, what it trained on, how
-    it did on held-out configs against the rule and fixed 1024 (the same slices)."""
-    heldout = metrics["all"]
-    return (
+    it did on held-out configs against the rule and fixed 1024 (the same slices; None: not held out
+    on its own)."""
+    trained = (
         f"Recipe `{recipe.name}` ({recipe.cost.kind} cost model, {recipe.cost.size} members, "
         f"{f'do-no-harm z={recipe.chooser.z:g}' if recipe.chooser.z else 'the argmin'}). "
         f"Trained on {data['rows']} rows ({data['configs']} configs, "
         f"{data['rows_with_chunk_ms']} with per-chunk times, {data['telemetry_prefills']} telemetry prefills) of "
-        f"machines {data['machines']}; data digest {data['data_digest']}. Held out (all slices): mean regret "
+        f"machines {data['machines']}; data digest {data['data_digest']}."
+    )
+    if metrics is None:
+        return (
+            f"{trained} Not held out on its own: the same recipe on the same profiled rows with newer "
+            "telemetry too, registered next by the same training, was."
+        )
+    heldout = metrics["all"]
+    return (
+        f"{trained} Held out (all slices): mean regret "
         f"{heldout['mean_regret']:.1%}, p95 {heldout['p95_regret']:.1%}, within 5% {heldout['within_5pct']:.0%}, "
         f"TTFT saved vs the hand rule {heldout['saved_vs_rule']:.0%} and vs fixed 1024 "
         f"{heldout['saved_vs_1024']:.0%} of what the measured best saves."
@@ -144,36 +166,32 @@ def model_example(hardware: dict) -> pd.DataFrame:
     )
 
 
-def _log_model(
-    recipe: Recipe,
-    table: Table,
-    described: dict,
-    source: str,
-    slices: dict,
-    trials: list[dict],
-    frames: dict[str, pd.DataFrame],
-    predictions: pd.DataFrame,
-    verdict: Verdict,
-    memory: MemoryReport | None,
-) -> str:
-    """Inside the model's run: its recipe, held-out metrics, artifacts and figures; the recipe
-    logged as one MLflow model and registered. Returns the registered version."""
+@dataclass
+class Evidence:
+    """How a training judged its recipe on held-out configs: logged with the model it registers."""
+
+    slices: dict
+    trials: list[dict]
+    frames: dict[str, pd.DataFrame]
+    predictions: pd.DataFrame
+    memory: MemoryReport | None
+
+
+def _log_evidence(recipe: Recipe, table: Table, evidence: Evidence) -> None:
+    """Inside the model's run: how its recipe did on held-out configs, as artifacts and figures."""
     import mlflow
 
-    mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
-    sizes = json.dumps({k: len(v) for k, v in slices.items()})
-    mlflow.log_params({**recipe_description(recipe, described), "slices": sizes})
-    hardware = recipe.hardware
-    mlflow.log_dict(hardware, registry.HARDWARE_FILE)
-    if trials:
-        mlflow.log_dict({"trials": trials}, "search_trials.json")
+    mlflow.log_param("slices", json.dumps({k: len(v) for k, v in evidence.slices.items()}))
+    if evidence.trials:
+        mlflow.log_dict({"trials": evidence.trials}, "search_trials.json")
     for figure, name in (
-        (plots.regret_cdf(frames), "regret_cdf.png"),
-        (plots.predicted_vs_measured(predictions), "predicted_vs_measured.png"),
+        (plots.regret_cdf(evidence.frames), "regret_cdf.png"),
+        (plots.predicted_vs_measured(evidence.predictions), "predicted_vs_measured.png"),
         (plots.best_chunk_heatmap(table.rows), "best_chunk_heatmap.png"),
     ):
         mlflow.log_figure(figure, name)
         plots.plt.close(figure)
+    memory = evidence.memory
     if memory is not None:  # the memory model beside the cost model, judged on held-out configs
         budgets = {f"memory_kept.budget_{b.share:g}": b.kept for b in memory.budgets if b.decisions}
         given_up = {f"memory_given_up.budget_{b.share:g}": b.given_up for b in memory.budgets if b.decisions}
@@ -185,6 +203,22 @@ def _log_model(
         figure = pareto_figure(memory.frame, choices)  # the served recipe's own choices (configs it trained on)
         mlflow.log_figure(figure, "memory_pareto.png")
         plots.plt.close(figure)
+
+
+def _log_model(
+    recipe: Recipe, table: Table, described: dict, source: str, verdict: Verdict, evidence: Evidence | None
+) -> str:
+    """Inside the model's run: its recipe and what it trained on, how it did on held-out configs
+    (`evidence`; None: not held out on its own), the recipe logged as one MLflow model and
+    registered. Returns the registered version."""
+    import mlflow
+
+    mlflow.set_tags({"role": "model", "policy": recipe.name, "promotion": verdict.reason})
+    mlflow.log_params(recipe_description(recipe, described))
+    hardware = recipe.hardware
+    mlflow.log_dict(hardware, registry.HARDWARE_FILE)
+    if evidence is not None:
+        _log_evidence(recipe, table, evidence)
     _log_dataset(table, source)
     with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
         folder = recipe.save(Path(tmp) / registry.RECIPE)
@@ -269,20 +303,31 @@ def train(
         progress.say("the promotion gate, then logging and registering the model")
         with promotion.one_promoter(tracking_uri()):  # a second retrain on this store judges after this one
             settled = promotion.settle(client, on_recent_telemetry(data, tracking_uri()), COMPATIBLE)
-            verdict = promotion.gate(
-                client,
-                new,
-                {"name": final.name, **final.params},
-                _row_counts(table),
-                lambda theirs: slice_regrets(theirs, table, slices),
-                COMPATIBLE,
-            )
+
+            def gated() -> Verdict:
+                return promotion.gate(
+                    client,
+                    new,
+                    {"name": final.name, **final.params},
+                    _row_counts(table),
+                    lambda theirs: slice_regrets(theirs, table, slices),
+                    COMPATIBLE,
+                )
+
+            verdict, first, before = gated(), None, settled
+            if verdict.profiled_first is not None:
+                progress.say("the new profiled rows with only the champion's telemetry first")
+                first = _promote_profiled_first(
+                    client, data, older_engines, (final.name, lgbm), verdict, settled, experiment_id, source
+                )
+                if first is not None:  # judged again, against the champion just registered; said after it
+                    verdict = gated()
+                    before = "; ".join(filter(None, [settled, f"v{first[0]} {first[1].alias}: {first[1].reason}"]))
             with mlflow.start_run(experiment_id=experiment_id, run_name=recipe):
                 mlflow.log_metrics(flat(metrics[recipe]))
-                version = _log_model(
-                    final, table, described, source, slices, trials, frames, judged[recipe][1], verdict, memory
-                )
-            promotion.register(client, version, verdict, new["all"], settled)
+                evidence = Evidence(slices, trials, frames, judged[recipe][1], memory)
+                version = _log_model(final, table, described, source, verdict, evidence)
+            promotion.register(client, version, verdict, new["all"], before)
         client.update_model_version(
             registry.MODEL_NAME, version, version_description(final, described, metrics[recipe])
         )
@@ -297,7 +342,49 @@ def train(
         len(table.rows),
         table.rows.group.nunique(),
         memory,
+        data_sources(table),
+        first,
     )
+
+
+def _promote_profiled_first(
+    client,
+    data: Path,
+    older_engines: bool,
+    recipe: tuple[str, dict],
+    verdict: Verdict,
+    settled: str | None,
+    experiment_id: str,
+    source: str,
+) -> tuple[str, Verdict] | None:
+    """Where the gate made the champion's recipe retrained on new telemetry and new profiled rows wait
+    (`verdict.profiled_first`): the recipe fitted on every profiled row and only the telemetry the
+    champion had, logged and registered as champion (the gate promotes more profiled rows alone), so
+    that a backend or machine just profiled serves now while the new telemetry waits to be judged.
+    Returns (its version, its verdict); None where the champion's telemetry does not read back as
+    it had it (its count differs): the whole data then waits, as the gate said. `recipe`: its name
+    and LightGBM params (the champion's); `settled`: what `settle` did before, recorded with it."""
+    import mlflow
+
+    (name, lgbm), (more, had, through) = recipe, verdict.profiled_first
+    before = pd.Timestamp(through) if through else pd.Timestamp(0, tz="UTC")  # "": it had none
+    table = load_table(data, older_engines, telemetry_through=before)
+    if _row_counts(table)[1] != had:
+        return None
+    with tempfile.TemporaryDirectory(prefix="chunkpilot-recipe-") as tmp:
+        fit = fit_recipes([name], lgbm, table, Path(tmp), hardware_table(table.rows))[name]
+    reason = (
+        f"champion v{verdict.champion_version}'s recipe retrained on {more} more profiled rows with only the "
+        f"{had} prefills of telemetry it had (the newer prefills wait in the next version)"
+    )
+    first = Verdict(registry.CHAMPION, reason, verdict.champion_version, None)
+    described = data_description(table)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=name):
+        version = _log_model(fit, table, described, source, first, None)
+    promotion.register(client, version, first, None, settled)
+    client.update_model_version(registry.MODEL_NAME, version, version_description(fit, described, None))
+    client.set_model_version_tag(registry.MODEL_NAME, version, "recipe", name)
+    return version, first
 
 
 def train_from_tracking(
@@ -414,6 +501,9 @@ def format_result(result: TrainResult) -> str:
         lines += ["", format_memory(result.memory)]
     if result.settled:
         lines.append(result.settled)
+    if result.first is not None:
+        version, verdict = result.first
+        lines.append(f"registered {registry.MODEL_NAME} v{version} as {verdict.alias}: {verdict.reason}")
     lines.append(
         f"registered {registry.MODEL_NAME} v{result.version} as {result.verdict.alias}: {result.verdict.reason}"
     )
