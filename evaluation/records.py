@@ -23,10 +23,12 @@ def results_path() -> Path:
 
 
 def _commit() -> str:
-    """This checkout's commit, `+changes` when the working tree differs from it."""
+    """This checkout's commit, `+changes` when the working tree differs from it in more than the
+    records themselves (a session's second record is made by the same code as its first)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+        status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){RESULTS}"]
+        dirty = subprocess.run(status, capture_output=True, text=True)
         return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
