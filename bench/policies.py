@@ -34,7 +34,7 @@ from engine.config import EngineConfig
 from engine.workload import Workload
 from evaluation.comparison import evaluate, format_evaluation
 from evaluation.lineup import baseline_policies, charge_table_builds, machine_best
-from evaluation.prompts import Kind, Seen, draw_prompts
+from evaluation.prompts import Seen, draw_prompts, race_kinds
 from evaluation.records import append_record, race_record
 from store.dataset import read_dataset
 from store.tracking import tracking_uri
@@ -44,14 +44,6 @@ MODELS = {
     "transformers": "llama-tiny,mistral-44m",
     "llama.cpp": "llama-tiny,qwen2-gqa",
 }
-# the backends' prompt kinds: the bundled engine runs any attention set-up; the others their own
-LENGTHS = ((700, 2500), (2000, 4000), (3500, 6000))  # no flash attention: one shot holds heads x n^2 scores
-
-
-def kinds(backend: str) -> tuple[Kind, ...]:
-    if backend != "chunkpilot":
-        return tuple(Kind(lengths) for lengths in LENGTHS)  # windows: the model's own (open_engine's)
-    return (Kind((700, 3000)), Kind((1500, 6000), (512, 2048), "shift"), Kind((3000, 9000), (256, 1024), "ring", 4))
 
 
 def prompts_for(args: argparse.Namespace, engine, seed: int) -> list[Workload]:
@@ -62,7 +54,7 @@ def prompts_for(args: argparse.Namespace, engine, seed: int) -> list[Workload]:
     rows = read_dataset(args.data)
     mine = rows[rows.model == engine.config.model]
     seen = Seen.of(zip(mine.context_length.tolist(), mine.window.tolist(), strict=True))
-    drawn = draw_prompts(seed, seen, kinds(engine.backend))
+    drawn = draw_prompts(seed, seen, race_kinds(engine.backend))
     return drawn if engine.backend == "chunkpilot" else [Workload(w.context_length, own, seed=w.seed) for w in drawn]
 
 

@@ -43,16 +43,41 @@ class Kind:
 
 
 # the demo's six: without a window, a shift window (a Hugging Face cache) and a ring (ExecuTorch's),
-# short and long, sinks on one of each windowed layout
+# short and long, sinks on one of each windowed layout. Kinds of one set-up never share lengths
+# (`overlapping`): else a race's prompts could be two of a kind
 DEMO_KINDS = (
-    Kind((800, 4000)),
-    Kind((2500, 9000)),
+    Kind((800, 3000)),
+    Kind((3000, 9000)),
     Kind((1500, 6000), (512, 3072), "shift"),
     Kind((5000, 12000), (1024, 3072), "shift", 4),
     Kind((3000, 9000), (256, 1024), "ring"),
     Kind((1500, 5000), (192, 768), "ring", 4),
 )
+# bench/policies.py's kinds for a backend that runs its model's own attention (transformers,
+# llama.cpp): short, medium and long; no flash attention: one shot holds heads x n^2 scores
+OWN_ATTENTION_LENGTHS = ((700, 2000), (2000, 3500), (3500, 6000))
 WINDOW_STEP = 64  # windows are multiples of this, as models' are
+
+
+def race_kinds(backend: str) -> tuple[Kind, ...]:
+    """bench/policies.py's prompt kinds: the bundled engine runs any attention set-up; the other
+    backends their model's own (engine.backends.own_attention), so only the lengths differ."""
+    if backend != "chunkpilot":
+        return tuple(Kind(lengths) for lengths in OWN_ATTENTION_LENGTHS)
+    return (Kind((700, 3000)), Kind((1500, 6000), (512, 2048), "shift"), Kind((3000, 9000), (256, 1024), "ring", 4))
+
+
+def overlapping(kinds: Iterable[Kind]) -> list[tuple[Kind, Kind]]:
+    """The pairs of kinds of one attention set-up (windows, layout, sinks) whose lengths' ranges
+    overlap (ranges that only touch do not)."""
+    kinds = list(kinds)
+    return [
+        (a, b)
+        for i, a in enumerate(kinds)
+        for b in kinds[i + 1 :]
+        if (a.windows, a.layout, a.sinks) == (b.windows, b.layout, b.sinks)
+        and max(a.lengths[0], b.lengths[0]) < min(a.lengths[1], b.lengths[1])
+    ]
 
 
 def _draw_length(rng: random.Random, low: int, high: int, seen: frozenset[int]) -> int:

@@ -177,8 +177,11 @@ def validate(df: pd.DataFrame, where: str) -> None:
     missing = [c for c in COLUMNS if c not in df.columns and c not in OPTIONAL]
     if missing:
         raise DataError("data", f"{where}: missing columns {', '.join(missing)}")
-    for i, row in enumerate(df[[c for c in COLUMNS if c in df.columns]].itertuples(index=False)):
-        values = row._asdict()
+    present = [c for c in COLUMNS if c in df.columns]
+    # rows as dicts of Python values, a column's list at a time: itertuples reads every cell through
+    # pandas' indexing, most of the time of reading the shipped data
+    for i, row in enumerate(zip(*(df[c].tolist() for c in present), strict=True)):
+        values = dict(zip(present, row, strict=True))
         for column, (low, strict, high) in _BOUNDS.items():
             if column not in values:  # an optional column an older file lacks
                 continue

@@ -222,3 +222,16 @@ def test_race_prompts_never_hold_a_length_or_window_the_model_was_profiled_or_ta
         drawn.add(tuple(w.label for w in prompts))
     assert len(drawn) == 300
     assert draw_prompts(7, known) == draw_prompts(7, known)
+
+
+def test_a_race_s_prompt_kinds_of_one_attention_set_up_never_share_lengths():
+    """Each race draws one prompt of each kind: two kinds of one set-up whose lengths overlap could
+    draw two prompts of one kind (it happened: 3,909 and 3,910 tokens in one llama.cpp race)."""
+    from chunkpilot.contract import BACKENDS
+    from evaluation.prompts import DEMO_KINDS, Kind, overlapping, race_kinds
+
+    assert overlapping(DEMO_KINDS) == []
+    for backend in BACKENDS:
+        assert overlapping(race_kinds(backend)) == [], backend
+    assert overlapping([Kind((700, 2500)), Kind((2000, 4000))]) == [(Kind((700, 2500)), Kind((2000, 4000)))]
+    assert overlapping([Kind((700, 2000)), Kind((2000, 4000)), Kind((700, 4000), (256, 512))]) == []
