@@ -147,13 +147,12 @@ def gate(
         )
     theirs = json.loads(run[RECIPE])
     if theirs == recipe:
-        more = rows[0] - int(run.get("profiled_rows", run.get("rows", 0)))
-        telemetry = rows[1] - int(run.get("telemetry_prefills", 0))
+        had, through = int(run.get("telemetry_prefills", 0)), run.get(TELEMETRY_THROUGH)
+        more, telemetry = rows[0] - int(run.get("profiled_rows", run.get("rows", 0))), rows[1] - had
         if telemetry > 0:
             # the profiled rows wait with the telemetry unless training can promote them with the
             # champion's own telemetry first (`profiled_first`): say so, or a backend just profiled seems ignored
             also = f" and {more} more profiled rows, which serve once it is promoted" if more > 0 else ""
-            had, through = int(run.get("telemetry_prefills", 0)), run.get(TELEMETRY_THROUGH)
             known = had == 0 or bool(through)  # which prefills the champion had (params of older runs don't say)
             return Verdict(
                 CHALLENGER,

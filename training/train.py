@@ -328,10 +328,7 @@ def train(
                 evidence = Evidence(slices, trials, frames, judged[recipe][1], memory)
                 version = _log_model(final, table, described, source, verdict, evidence)
             promotion.register(client, version, verdict, new["all"], before)
-        client.update_model_version(
-            registry.MODEL_NAME, version, version_description(final, described, metrics[recipe])
-        )
-        client.set_model_version_tag(registry.MODEL_NAME, version, "recipe", recipe)
+        _describe_version(client, version, final, described, metrics[recipe])
     return TrainResult(
         metrics,
         recipe,
@@ -382,9 +379,14 @@ def _promote_profiled_first(
     with mlflow.start_run(experiment_id=experiment_id, run_name=name):
         version = _log_model(fit, table, described, source, first, None)
     promotion.register(client, version, first, None, settled)
-    client.update_model_version(registry.MODEL_NAME, version, version_description(fit, described, None))
-    client.set_model_version_tag(registry.MODEL_NAME, version, "recipe", name)
+    _describe_version(client, version, fit, described, None)
     return version, first
+
+
+def _describe_version(client, version: str, recipe: Recipe, described: dict, metrics: dict | None) -> None:
+    """The registered version's page: its description (version_description) and its recipe's name."""
+    client.update_model_version(registry.MODEL_NAME, version, version_description(recipe, described, metrics))
+    client.set_model_version_tag(registry.MODEL_NAME, version, "recipe", recipe.name)
 
 
 def train_from_tracking(
