@@ -1,14 +1,14 @@
-"""Decision latency of the predictor: in-process (the recipe at the exact length, today's path
-before the table; the decision table at first sight of a kind, the model's or one it does not know,
-and in the steady state, with its build time per kind) and over HTTP against a real `chunkpilot
-serve` process on loopback. Each HTTP client is its own process with one keep-alive connection,
-as engines are (client threads in one process would measure the GIL's 5 ms switch interval, not
-the service), asking back to back (saturation) or
-paced (one request per --every-ms, like an engine asking before each prefill). The clients use
-the engine's own client (auto.connection, on the standard library's http.client); rows of the
-paced cases repeat them with httpx, a general-purpose client, to show the client's share. Clients
-share the machine's cores with the server.
-Needs a champion in the MLflow store: run `chunkpilot train` (or `make demo`) first.
+"""Decision latency of the predictor: in-process (the recipe at the exact length, today's path before
+the table; the decision table at first sight of a kind, the model's or one it does not know, back to
+back and after an idle pause as between an engine's prefills, and in the steady state, with its
+build time per kind) and over HTTP against a real `chunkpilot serve` process on loopback. Each HTTP
+client is its own process with one keep-alive connection, as engines are (client threads in one
+process would measure the GIL's 5 ms switch interval, not the service), asking back to back
+(saturation) or paced (one request per --every-ms, like an engine asking before each prefill). The
+clients use the engine's own client (auto.connection, on the standard library's http.client); rows
+of the paced cases repeat them with httpx, a general-purpose client, to show the client's share.
+Clients share the machine's cores with the server. Needs a champion in the MLflow store: run
+`chunkpilot train` (or `make demo`) first.
 
     .venv/bin/python bench/predictor_latency.py [--requests 2000]
 """
@@ -41,17 +41,17 @@ NEW_SHAPES = [
 ]
 
 
-def body(i: int, machine: str, schedule: bool = False, models: list = MODELS) -> dict:
-    """Twelve kinds of request (3 models x 4 attention set-ups) on the profiled machine `machine`,
-    each request a length not asked before (distinct up to i = 20,000): a decision the table answers
-    from a segment, never a repeat."""
+def body(i: int, machine: str, schedule: bool = False, models: list = MODELS, threads: int = 2) -> dict:
+    """Twelve kinds of request (3 models x 4 attention set-ups) on the profiled machine `machine` at
+    `threads` (another count: twelve more kinds), each request a length not asked before (distinct
+    up to i = 20,000): a decision the table answers from a segment, never a repeat."""
     window = [None, 512, 1024, 2048][i % 4]
     return {
         "schedule": schedule,
         "context_length": 500 + (i * 7919) % 20_000,
         "model": models[i % len(models)],
         "attention": {"window": window, "layout": "ring" if window == 1024 else "shift"},
-        "threads": 2,
+        "threads": threads,
         "hardware": {"hardware_id": machine},
     }
 
@@ -71,6 +71,7 @@ def known_machine(predictor: Predictor) -> str:
     raise SystemExit("the champion was trained on no machine with the bundled engine's default kernel")
 
 
+IDLE_S = 0.05  # a pause before a first sight, as between an engine's prefills
 FIGURES: list[dict] = []  # what this run measured, in order: its record (evaluation.records)
 
 
@@ -139,6 +140,15 @@ def in_process(n: int) -> str:
         first += timed(predictor.answer, [asked(i)])[0]
     path = "in-process, first sight of a kind (12 kinds: its cell built now, in the request)"
     print(f"in-process, first sight of a kind        {percentiles(first, path)}")
+    # the same, each after an idle pause: an engine asks once the previous prefill is done, and by then
+    # the decision's code and data are out of the caches, which back-to-back requests keep warm
+    idle = []
+    for i in range(3 * n, 3 * n + 12):
+        predictor.recipe.table.wait(60)
+        time.sleep(IDLE_S)
+        idle += timed(predictor.answer, [asked(i, threads=1)])[0]
+    path = f"in-process, first sight of a kind after {IDLE_S * 1e3:g} ms idle (12 more kinds: one thread)"
+    print(f"in-process, first sight after idle       {percentiles(idle, path)}")
     # a model shape no row ran: the anchor's size at once, its cell built behind without the forests
     unknown = []
     for i in range(3 * n, 3 * n + 12):
