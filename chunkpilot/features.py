@@ -8,6 +8,7 @@ over rows, no pandas, torch or transformers: a request's dozen candidates cost m
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -212,6 +213,20 @@ def prefill_flops(rows: Mapping[str, np.ndarray | list | float | str]) -> np.nda
 def base_log_ms(x: np.ndarray) -> np.ndarray:
     """The analytic estimate the model corrects: log(compute + per-call overhead + 1 ms)."""
     return np.log(x[:, _COMPUTE] + x[:, _OVERHEAD] + 1.0)
+
+
+def floor_ms(row: Mapping[str, Any]) -> float:
+    """The least analytic estimate (exp of `base_log_ms`) of any chunk size for the prompt `row` (one
+    config: INPUT_COLUMNS as `build` takes them, less the chunk size): its projections and MLP
+    alone, and two calls a layer (one chunk and the first decode step at the fewest), from the
+    request's own numbers, no feature row built. 0 where the machine has no matmul speed to divide by."""
+    gflops = float(row["matmul_gflops"])
+    if not gflops > 0:
+        return 0.0
+    layers = float(row["num_layers"])
+    shape = (row[name] for name in ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"))
+    linear = linear_flops(float(row["context_length"]), layers, *map(float, shape))
+    return linear / (gflops * 1e9) * 1e3 + 2 * layers * float(row["call_overhead_ms"]) + 1.0
 
 
 _COMPUTE, _OVERHEAD = FEATURES.index("compute_ms"), FEATURES.index("overhead_ms")

@@ -186,7 +186,7 @@ def decide_many(recipe: Recipe, request: ChunkRequest, lengths: list[int]) -> li
             "chunk_size": np.concatenate([chunks for _, chunks in feasible]),
         }
     )
-    known = recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl, x)
+    known = recipe.knows(request)
     # a kind the model does not know: the anchor decides, its forests are not asked (most of a decision's time)
     members = recipe.members(x) if known else None  # [K, rows]
     peak_mb = None if memory is None else memory.predict_bytes(x) / MIB  # [rows]

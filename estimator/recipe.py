@@ -61,6 +61,12 @@ def shapes_of(x: np.ndarray) -> set[Shape]:
     return {tuple(row) for row in x[:, _SHAPE].tolist()}
 
 
+def shape_of(request: ChunkRequest) -> Shape:
+    """The request's model shape as its feature rows hold it (floats), read without building one."""
+    shape = request.shape
+    return tuple(float(getattr(shape, name)) for name in SHAPE_COLUMNS)
+
+
 # do-no-harm's z and margin, chosen from a grid of z 0 to 3 and margins of 3% to 10% on the held-out
 # folds of `chunkpilot train` (so the choice saw the folds it is judged on): z 2 and 6% against z 1
 # and 3%, mean regret 2.4% against 3.1% on unseen lengths, 3.3% against 4.2% on unseen shapes, 4.4%
@@ -196,15 +202,16 @@ class Recipe:
         """The anchor of a request on this machine, backend and kernel (judge.lineup.anchor_for)."""
         return anchor_for(self.anchors, hardware_id, backend, attn_impl)
 
-    def knows(self, hardware_id: str | None, backend: str, attn_impl: str, x: np.ndarray) -> bool:
-        """Whether the cost model has seen this machine run this backend and kernel, and this model
-        shape (`x` [rows, FEATURES], the request's): in its training rows, or (the service's machine)
-        in the prefills its correction learnt from. Where it has not, its predictions are a guess
-        (held out by machine, backend, model shape or architecture, the training table shows them
-        worse than the strongest simple baseline), and the anchor decides."""
+    def knows(self, request: ChunkRequest) -> bool:
+        """Whether the cost model has seen the request's machine run its backend and kernel, and its
+        model shape: in its training rows, or (the service's machine) in the prefills its correction
+        learnt from. Where it has not, its predictions are a guess (held out by machine, backend,
+        model shape or architecture, the training table shows them worse than the strongest simple
+        baseline), and the anchor decides."""
         learnt = self.correction is not None and self.correction.prefills > 0
-        seen = hardware_id is not None and anchor_key(hardware_id, backend, attn_impl) in self.anchors
-        shape = tuple(x[0, _SHAPE].tolist())
+        hardware_id = request.hardware.hardware_id
+        seen = hardware_id is not None and anchor_key(hardware_id, request.backend, request.attn_impl) in self.anchors
+        shape = shape_of(request)
         return (seen or learnt) and (shape in self.shapes or (learnt and self.correction.learnt_shape(shape)))
 
     def _adjust(self) -> Adjust | None:

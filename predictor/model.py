@@ -23,7 +23,7 @@ from chunkpilot import plausibility
 from chunkpilot.chunks import rule_candidate
 from chunkpilot.contract import Anchor, Candidate, ChunkRequest, ConfigError, Decision, Outcome
 from chunkpilot.correction import Correction
-from chunkpilot.features import base_log_ms
+from chunkpilot.features import base_log_ms, floor_ms
 from estimator.cost_models import PerChunk
 from estimator.decide import anchor_size, candidates, feature_rows, resolve_hardware
 from estimator.recipe import Recipe, load_recipe
@@ -123,7 +123,9 @@ class Predictor:
     def answer(self, request: ChunkRequest) -> Decision:
         """The recipe's decision table's answer (estimator.table). Where its cell is not built yet, it
         is built now, in this request, if the recipe knows the kind (`Recipe.knows`) and deciding is
-        worth its cost (`affordable`); else the anchor (the strongest simple baseline here) answers,
+        worth its cost (`affordable`: weighed first against the prompt's floor, features.floor_ms,
+        which needs no feature row, then against the anchor's size); else the anchor (the strongest
+        simple baseline here) answers,
         from one feature row per size, and the cell builds behind. Built now, a cell costs one
         batched call of the recipe for its two ends (halved where they disagree), about a decision
         at the exact length, which would leave its cell to build behind, on the cores the engine
@@ -136,6 +138,9 @@ class Predictor:
         found = self.recipe.table.lookup(request, queue=False)
         if found is not None:
             return found
+        if self.recipe.knows(request) and self.affordable(self.floor_ms(request)):
+            # affordable whatever size the anchor takes (its TTFT is above the floor): no rows of its own
+            return self._decided(request, tabled=self.tabled)
         anchored = self.anchored(request)
         if anchored.known and self.affordable(anchored.ms):
             return self._decided(request, tabled=self.tabled)
@@ -154,6 +159,11 @@ class Predictor:
         (`anchor_ms`, the analytic estimate; a budget of 1, the whole TTFT: always)."""
         return self.budget >= 1 or self.decision_ms <= self.budget * anchor_ms
 
+    def floor_ms(self, request: ChunkRequest) -> float:
+        """The least analytic TTFT of any size for the request on its machine (features.floor_ms)."""
+        machine = resolve_hardware(self.recipe.hardware, request.hardware, request.dtype, request.threads)
+        return floor_ms(request.row(machine))
+
     def anchored(self, request: ChunkRequest) -> Anchored:
         """The request's anchor, its size and the hand rule's, priced by the analytic estimate
         (features.base_log_ms) from one feature row each, and whether the recipe knows its kind."""
@@ -163,7 +173,7 @@ class Predictor:
         att = request.attention
         rule = rule_candidate(chunks, request.context_length, att.window, att.layout)
         x = feature_rows(self.recipe.hardware, request, [size, rule])  # [2, FEATURES]
-        known = self.recipe.knows(request.hardware.hardware_id, request.backend, request.attn_impl, x)
+        known = self.recipe.knows(request)
         at_size, at_rule = np.exp(base_log_ms(x)).tolist()
         return Anchored(anchor, size, at_size, rule, at_rule, known)
 

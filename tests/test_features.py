@@ -11,7 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chunkpilot.contract import BACKENDS
-from chunkpilot.features import FEATURES, INPUT_COLUMNS, MONOTONE, build, keys_sum, linear_flops, prefill_flops
+from chunkpilot.features import (
+    FEATURES,
+    INPUT_COLUMNS,
+    MONOTONE,
+    base_log_ms,
+    build,
+    floor_ms,
+    keys_sum,
+    linear_flops,
+    prefill_flops,
+)
 
 
 def keys_sum_loop(n: int, c: int, window: float) -> float:
@@ -174,3 +184,24 @@ def test_a_config_given_once_builds_the_same_rows_as_a_repeated_column(n, window
     columns = build({**{k: v * len(sizes) for k, v in config.items()}, "chunk_size": sizes})
     shared = build({**{k: v[0] for k, v in config.items()}, "chunk_size": sizes})
     assert np.array_equal(columns, shared)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 32768),
+    window=st.integers(0, 8192),
+    sinks=st.integers(0, 64),
+    layout=st.sampled_from(["shift", "ring"]),
+    every=st.integers(0, 12),
+    attn=st.sampled_from(["masked", "eager", "split", "flash"]),
+    backend=st.sampled_from(BACKENDS),
+)
+def test_no_chunk_size_is_priced_below_the_prompt_s_floor(n, window, sinks, layout, every, attn, backend):
+    """The service weighs its decision budget against `floor_ms` before building any feature row:
+    whatever size the anchor takes, its analytic TTFT is at least that."""
+    changed = row(context_length=n, window=window, sinks=sinks, layout=layout, global_every=every, attn_impl=attn)
+    config = {k: v[0] for k, v in changed.items()} | {"backend": backend}
+    sizes = sorted({1, 16, 64, 256, 768, 1024, 4096, n} & set(range(1, n + 1)))
+    every_size = build({**config, "chunk_size": sizes})
+    assert floor_ms(config) <= np.exp(base_log_ms(every_size)).min()
+    assert floor_ms(config | {"matmul_gflops": 0.0}) == 0.0  # no speed to divide by

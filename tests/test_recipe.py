@@ -67,11 +67,11 @@ def test_the_anchor_decides_for_a_machine_or_a_model_shape_the_model_never_saw()
     from estimator.recipe import Recipe, shapes_of
     from judge.lineup import MeasuredConfig, anchor_key, fit_anchors
 
-    def x_of(model: str) -> np.ndarray:  # [1, FEATURES] a request of this model on a described machine
+    def on(machine: str | None, model: str = "llama-tiny") -> ChunkRequest:  # named, or described only
         described = {"matmul_gflops": 250.0, "bandwidth_gbs": 40.0, "call_overhead_ms": 0.9, "cores": 2}
-        return feature_rows({}, ChunkRequest(context_length=3000, model=model, hardware=described), [512])
+        return ChunkRequest(context_length=3000, model=model, hardware={"hardware_id": machine, **described})
 
-    trained, unseen = x_of("llama-tiny"), x_of("qwen2-gqa")
+    trained = feature_rows({}, on(None), [512])  # [1, FEATURES] the shape the rows ran
     one_shot_wins = MeasuredConfig([512, 1024, 3000], [120.0, 110.0, 100.0], 3000, None, "shift")
     anchors = fit_anchors({anchor_key("m1", "chunkpilot", "split"): [one_shot_wins]})
     recipe = Recipe("r", PerChunk(), anchors=anchors, shapes=shapes_of(trained))
@@ -79,16 +79,16 @@ def test_the_anchor_decides_for_a_machine_or_a_model_shape_the_model_never_saw()
     assert recipe.anchor("m2", "chunkpilot", "split").spec == "full"  # every machine's rows: m1's
     assert recipe.anchor("m2", "llama.cpp", "masked").spec == "512"  # llama.cpp's own n_ubatch
     assert recipe.anchor(None, "transformers", "masked").spec == "full"  # generate's own: no chunking
-    assert recipe.knows("m1", "chunkpilot", "split", trained)
-    assert not recipe.knows("m2", "chunkpilot", "split", trained)
-    assert not recipe.knows(None, "chunkpilot", "split", trained)
-    assert not recipe.knows("m1", "chunkpilot", "split", unseen)  # a shape no row ran: a guess
+    assert recipe.knows(on("m1"))
+    assert not recipe.knows(on("m2"))
+    assert not recipe.knows(on(None))
+    assert not recipe.knows(on("m1", "qwen2-gqa"))  # a shape no row ran: a guess
     recipe.correction = Correction(learnt=Learnt(prefills=3))  # this machine, learnt from its own prefills
-    assert recipe.knows(None, "chunkpilot", "split", trained)
-    assert not recipe.knows(None, "chunkpilot", "split", unseen)  # but none of that shape
-    residual = np.zeros(1)
-    recipe.correction.learn(unseen, np.ones(1), residual)  # one prefill of the new shape on this machine
-    assert recipe.knows(None, "chunkpilot", "split", unseen)
+    assert recipe.knows(on(None))
+    assert not recipe.knows(on(None, "qwen2-gqa"))  # but none of that shape
+    unseen = feature_rows({}, on(None, "qwen2-gqa"), [512])
+    recipe.correction.learn(unseen, np.ones(1), np.zeros(1))  # one prefill of the new shape on this machine
+    assert recipe.knows(on(None, "qwen2-gqa"))
 
 
 def test_rank_level_combines_the_levels_and_the_ranker_by_rank():
@@ -151,8 +151,7 @@ def test_a_model_shape_no_training_row_ran_gets_the_anchors_size_on_a_machine_th
     assert [c.predicted_ttft_ms for c in unseen.candidates] == pytest.approx(analytic.tolist(), rel=1e-3)
     assert all(c.predicted_peak_mb > 0 for c in unseen.candidates)  # the memory side is analytic: it still answers
     assert gains_of(unseen) == ()
-    own = feature_rows(recipe.hardware, asked, [64])  # its own shape, on its own machine: the model decides
-    assert recipe.knows(asked.hardware.hardware_id, asked.backend, asked.attn_impl, own)
+    assert recipe.knows(asked)  # its own shape, on its own machine: the model decides
 
 
 def test_an_old_or_foreign_recipe_folder_is_refused_with_the_reason(fold, tmp_path):
