@@ -121,18 +121,17 @@ class Predictor:
         return min(timeit.repeat(lambda: self.recipe.decide(request), repeat=times, number=1)) * 1e3
 
     def answer(self, request: ChunkRequest) -> Decision:
-        """The recipe's decision table's answer (estimator.table). Where its cell is not built yet, it
-        is built now, in this request, if the recipe knows the kind (`Recipe.knows`) and deciding is
-        worth its cost (`affordable`: weighed first against the prompt's floor, features.floor_ms,
-        which needs no feature row, then against the anchor's size); else the anchor (the strongest
-        simple baseline here) answers,
-        from one feature row per size, and the cell builds behind. Built now, a cell costs one
-        batched call of the recipe for its two ends (halved where they disagree), about a decision
-        at the exact length, which would leave its cell to build behind, on the cores the engine
-        prefills on. On a kind the recipe does not know (a model shape, machine or backend it never
-        saw) the anchor's size is the recipe's own decision: answered at once, its cell built behind
-        without the forests (estimator.decide.decide_many). A schedule or a memory budget is priced
-        for its own length, always by the recipe."""
+        """The recipe's decision table's answer (estimator.table). Where its cell is not built yet, it is built
+        now, in this request, if the recipe knows the kind (`Recipe.knows`) and deciding is worth its
+        cost (`affordable`: weighed first against the prompt's floor, features.floor_ms, which needs no
+        feature row, then against the anchor's size); else the anchor (the strongest simple baseline
+        here) answers, from one feature row per size, and the cell builds behind. Built now, a cell
+        costs one batched call of the recipe for its two ends (halved where they disagree), about a
+        decision at the exact length, which would leave its cell to build behind, on the cores the
+        engine prefills on. On a kind the recipe does not know (a model shape, machine or backend it
+        never saw) the anchor's size is the recipe's own decision: answered at once, its cell built
+        behind without the forests (estimator.decide.decide_many). A schedule or a memory budget is
+        priced for its own length, always by the recipe."""
         if untabled(request):
             return self.exact_answer(request)
         found = self.recipe.table.lookup(request, queue=False)
