@@ -4,8 +4,11 @@ Each policy is asked once per prompt for its chunk size. Then every distinct siz
 (every feasible size, each policy's choice among them) is measured once per round, rounds
 interleaved over the prompts with the order rotated, after a warm-up round. A policy's TTFT on a
 prompt is the median over rounds of the size it chose: two policies that choose the same size get
-the same number, and the measured best is the minimum of those same medians, so no regret is
-negative.
+the same number. Its regret is read round by round, as the savings are: how much slower its size
+ran than the size that beat it most, the median over the rounds both ran of the two times' ratio
+(0 where none beat it); the measured best is the size beaten least. A host whose speed moves
+between rounds (a shared VM's, for minutes at a time) cannot then make a size look best for the
+rounds it happened to be timed in.
 
 The search for the best is raced: after each round, a size no policy chose whose fastest time so
 far is more than `drop_above` over the prompt's best median cannot be the best within the
@@ -41,13 +44,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from chunkpilot.contract import ChunkRequest, ConfigError
 from engine.engine import Engine
 from engine.measure import interleaved
 from engine.policy import ChunkPolicy
 from engine.workload import Workload
-from judge.regret import regret_of
-from judge.savings import HINDSIGHT, Saving, bootstrap_savings, hindsight
+from judge.savings import HINDSIGHT, Saving, bootstrap_savings, hindsight, shared_rounds
 
 from .rounds import every_size
 from .rounds import steps as size_steps
@@ -80,11 +84,26 @@ class PromptResult:
 
     @property
     def best(self) -> int:
-        return min(self.times, key=self.median)
+        """The measured best: the size the others beat least, round by round (a tie: the lower median)."""
+        return min(self.times, key=lambda c: (self.size_regret(c), self.median(c)))
 
     def regret(self, policy: str) -> float:
-        """The policy's regret here, on the medians of every size timed (judge.regret.regret_of)."""
-        return regret_of({c: self.median(c) for c in self.times}, self.choices[policy])
+        """The policy's regret here: its size's (`size_regret`)."""
+        return self.size_regret(self.choices[policy])
+
+    def size_regret(self, chunk: int) -> float:
+        """How much slower `chunk` ran than the size that beat it most: the largest median, over the
+        rounds both ran, of its time over another size's in the same round, less one (0: none beat
+        it). Read round by round, as the savings are (judge.savings), so that a host whose speed
+        moves between rounds cannot make a size look faster for the rounds it happened to be timed
+        in, as each size's own median would."""
+        ours = self.times[chunk]
+        ratios = (
+            float(np.median(np.divide(*shared_rounds(ours, theirs))))
+            for c, theirs in self.times.items()
+            if c != chunk and min(len(ours), len(theirs))
+        )
+        return max(max(ratios, default=1.0) - 1.0, 0.0)
 
 
 @dataclass
@@ -260,8 +279,9 @@ def format_evaluation(ev: Evaluation) -> str:
     lines.append(f"{'mean regret vs best':<28}" + regrets)
     sources = sorted({p.sources[n] for p in ev.prompts for n in ev.policies if n in p.sources and n == "auto"})
     lines.append(
-        f"cells: chunk size, median TTFT over the prompt's rounds, regret against the measured best (the "
-        f"fastest size of the same measurements; sizes over {WARM_DROP:g}x the fastest in the warm-up or "
+        f"cells: chunk size, median TTFT over the prompt's rounds, regret (how much slower than the size that beat "
+        f"it most, the median of their ratio in the rounds both ran; the measured best: the size beaten least; "
+        f"sizes over {WARM_DROP:g}x the fastest in the warm-up or "
         f"{1 + ev.drop_above:g}x the best since left the race early; "
         f"after {ev.full_rounds} rounds of every size left, only the policies' sizes and the best were timed, on the "
         "prompts where they differ); a policy that cannot run a prompt (one shot on a ring shorter than it) shows n/a"
