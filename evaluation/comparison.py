@@ -260,7 +260,7 @@ def format_evaluation(ev: Evaluation) -> str:
         + f"{'measured best':>{width}}   rounds"
     ]
     for p in ev.prompts:
-        best = p.median(p.best)
+        best = p.best  # every pair of sizes read round by round: once a prompt
         cells = [
             f"{p.choices[n]:>5} {p.median(p.choices[n]):>7.0f}ms {p.regret(n):>5.0%}" if n in p.choices else "n/a"
             for n in ev.policies
@@ -268,7 +268,7 @@ def format_evaluation(ev: Evaluation) -> str:
         lines.append(
             f"{p.case.label:<28}"
             + "".join(f"{c:>{width}}" for c in cells)
-            + f"{p.best:>5} {best:>7.0f}ms      {max(map(len, p.times.values())):>8}"
+            + f"{best:>5} {p.median(best):>7.0f}ms      {max(map(len, p.times.values())):>8}"
         )
     common = ev.common(ev.policies)
     totals = [sum(p.median(p.choices[n]) for p in common) for n in ev.policies] + [
